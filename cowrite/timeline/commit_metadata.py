@@ -1,0 +1,181 @@
+"""Commit metadata: what a completed ``commit`` / ``replacecommit`` wrote, as an Avro object container file.
+
+Timeline layout 2 stores one ``HoodieCommitMetadata`` (or ``HoodieReplaceCommitMetadata``) record per
+completed instant. Readers resolve fields by name, so the schema below carries the fields readers use,
+each optional with a null default, in Hudi's own names. Incremental readers take the file groups of a
+commit from ``partitionToWriteStats`` alone: a commit with wrong or missing write stats silently reads as
+empty, so every base file written must appear here.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+
+from .errors import CorruptTimelineError
+from .instant import Action
+
+_OPTIONAL_STRING = ["null", "string"]
+_OPTIONAL_LONG = ["null", "long"]
+
+_WRITE_STAT = {
+    "type": "record",
+    "name": "HoodieWriteStat",
+    "fields": [
+        {"name": name, "type": kind, "default": None}
+        for name, kind in [
+            ("fileId", _OPTIONAL_STRING),
+            ("path", _OPTIONAL_STRING),
+            ("prevCommit", _OPTIONAL_STRING),
+            ("numWrites", _OPTIONAL_LONG),
+            ("numDeletes", _OPTIONAL_LONG),
+            ("numUpdateWrites", _OPTIONAL_LONG),
+            ("numInserts", _OPTIONAL_LONG),
+            ("totalWriteBytes", _OPTIONAL_LONG),
+            ("totalWriteErrors", _OPTIONAL_LONG),
+            ("partitionPath", _OPTIONAL_STRING),
+            ("fileSizeInBytes", _OPTIONAL_LONG),
+        ]
+    ],
+}
+
+
+def _schema(name: str, with_replace: bool) -> dict[str, Any]:
+    fields: list[dict[str, Any]] = [
+        {
+            "name": "partitionToWriteStats",
+            "type": ["null", {"type": "map", "values": {"type": "array", "items": _WRITE_STAT}}],
+            "default": None,
+        },
+        {"name": "extraMetadata", "type": ["null", {"type": "map", "values": "string"}], "default": None},
+        {"name": "version", "type": ["int", "null"], "default": 1},
+        {"name": "operationType", "type": _OPTIONAL_STRING, "default": None},
+    ]
+    if with_replace:
+        fields.append(
+            {
+                "name": "partitionToReplaceFileIds",
+                "type": ["null", {"type": "map", "values": {"type": "array", "items": "string"}}],
+                "default": None,
+            }
+        )
+    return {"namespace": "org.apache.hudi.avro.model", "type": "record", "name": name, "fields": fields}
+
+
+_SCHEMAS = {
+    Action.COMMIT: fastavro.parse_schema(_schema("HoodieCommitMetadata", with_replace=False)),
+    Action.REPLACE_COMMIT: fastavro.parse_schema(_schema("HoodieReplaceCommitMetadata", with_replace=True)),
+}
+
+
+@dataclass(frozen=True)
+class WriteStat:
+    """One base file written by an instant."""
+
+    file_id: str
+    path: str  # relative to the table's base path
+    partition_path: str
+    prev_commit: str  # requested time of the slice this one replaces, or "null" for a new file group
+    num_writes: int
+    num_inserts: int
+    num_update_writes: int
+    num_deletes: int
+    file_size: int
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "fileId": self.file_id,
+            "path": self.path,
+            "prevCommit": self.prev_commit,
+            "numWrites": self.num_writes,
+            "numDeletes": self.num_deletes,
+            "numUpdateWrites": self.num_update_writes,
+            "numInserts": self.num_inserts,
+            "totalWriteBytes": self.file_size,
+            "totalWriteErrors": 0,
+            "partitionPath": self.partition_path,
+            "fileSizeInBytes": self.file_size,
+        }
+
+    @classmethod
+    def from_avro(cls, partition: str, record: Mapping[str, Any]) -> WriteStat:
+        return cls(
+            file_id=record["fileId"],
+            path=record["path"],
+            partition_path=record.get("partitionPath") or partition,
+            prev_commit=record.get("prevCommit") or "null",
+            num_writes=record.get("numWrites") or 0,
+            num_inserts=record.get("numInserts") or 0,
+            num_update_writes=record.get("numUpdateWrites") or 0,
+            num_deletes=record.get("numDeletes") or 0,
+            file_size=record.get("fileSizeInBytes") or 0,
+        )
+
+
+@dataclass(frozen=True)
+class CommitMetadata:
+    """The content of a completed commit or replacecommit."""
+
+    operation: str
+    write_stats: tuple[WriteStat, ...] = ()
+    replaced_file_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # partition -> file ids
+    schema: str = ""  # Avro schema (JSON) of the data columns
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def touched_file_groups(self) -> frozenset[tuple[str, str]]:
+        """(partition, file id) of every file group this commit wrote or replaced."""
+        written = {(s.partition_path, s.file_id) for s in self.write_stats}
+        replaced = {(p, f) for p, ids in self.replaced_file_ids.items() for f in ids}
+        return frozenset(written | replaced)
+
+    def stats_by_partition(self) -> dict[str, list[WriteStat]]:
+        grouped: dict[str, list[WriteStat]] = {}
+        for stat in self.write_stats:
+            grouped.setdefault(stat.partition_path, []).append(stat)
+        return grouped
+
+    def to_bytes(self, action: Action) -> bytes:
+        record: dict[str, Any] = {
+            "partitionToWriteStats": {
+                p: [s.to_avro() for s in stats] for p, stats in self.stats_by_partition().items()
+            },
+            "extraMetadata": {**self.extra, "schema": self.schema} if self.schema else dict(self.extra),
+            "version": 1,
+            "operationType": self.operation,
+        }
+        if action is Action.REPLACE_COMMIT:
+            record["partitionToReplaceFileIds"] = {p: list(ids) for p, ids in self.replaced_file_ids.items()}
+        buffer = io.BytesIO()
+        fastavro.writer(buffer, _SCHEMAS[action], [record])
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> CommitMetadata:
+        """Parse a commit file; raises :class:`CorruptTimelineError` naming ``path``."""
+        try:
+            records: Iterator[Any] = fastavro.reader(io.BytesIO(data))
+            record = next(records)
+            stats = tuple(
+                WriteStat.from_avro(partition, stat)
+                for partition, partition_stats in (record.get("partitionToWriteStats") or {}).items()
+                for stat in partition_stats
+            )
+        except StopIteration:
+            raise CorruptTimelineError(path, "the Avro file holds no commit record") from None
+        except Exception as exc:  # fastavro raises many kinds on garbage; all mean the same here
+            raise CorruptTimelineError(path, f"not a readable Avro commit record ({exc})") from None
+        extra = dict(record.get("extraMetadata") or {})
+        return cls(
+            operation=record.get("operationType") or "",
+            write_stats=stats,
+            replaced_file_ids={
+                p: tuple(ids) for p, ids in (record.get("partitionToReplaceFileIds") or {}).items()
+            },
+            schema=extra.pop("schema", ""),
+            extra=extra,
+        )

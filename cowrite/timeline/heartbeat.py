@@ -1,0 +1,131 @@
+"""Writer heartbeats: ``.hoodie/.heartbeat/<instant>``, renewed every interval while the writer lives.
+
+Others judge a writer by the file's modification time (the storage's clock, one clock for everybody):
+it has failed once the heartbeat is older than ``interval x tolerable misses``.
+
+The writer judges itself more strictly, by its own monotonic clock: its *lease* runs from the start of
+its last successful renewal for the tolerance, and it acts only while at least the safety margin remains.
+A renewal that comes later than the tolerance after the previous one (the process was paused, the storage
+was down) loses the lease for good: someone may already have judged the writer failed, rolled it back or
+expired its lock, and renewing the file now would not undo that.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import CowriteError, LeaseLostError
+from .storage import Storage
+
+HEARTBEAT_DIR = ".hoodie/.heartbeat"
+
+
+def heartbeat_path(instant: str) -> str:
+    return f"{HEARTBEAT_DIR}/{instant}"
+
+
+@dataclass(frozen=True)
+class HeartbeatPolicy:
+    interval: float = 60.0  # seconds
+    tolerable_misses: int = 2
+    safety_margin: float | None = None  # seconds; None = one interval
+
+    @property
+    def tolerance(self) -> float:
+        return self.interval * self.tolerable_misses
+
+    @property
+    def margin(self) -> float:
+        margin = self.interval if self.safety_margin is None else self.safety_margin
+        return min(margin, self.tolerance / 2)
+
+
+def heartbeat_age(storage: Storage, instant: str, now: float | None = None) -> float | None:
+    """Seconds since the instant's heartbeat was renewed, or None if it has none."""
+    try:
+        modified = storage.stat(heartbeat_path(instant)).modified
+    except FileNotFoundError:
+        return None
+    return max(0.0, (time.time() if now is None else now) - modified)
+
+
+class Heartbeat:
+    """Keeps one instant's heartbeat alive from a background thread and tracks the writer's lease."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        instant: str,
+        policy: HeartbeatPolicy,
+        owner: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.storage = storage
+        self.instant = instant
+        self.policy = policy
+        self.owner = owner
+        self.clock = clock
+        self._renewed_at: float | None = None
+        self._lost: str | None = None
+        self._failure = "renewals are late"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Heartbeat:
+        self.renew()
+        if self._lost:
+            raise LeaseLostError(self._lost)
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.instant}", daemon=True)
+        self._thread.start()
+        return self
+
+    def renew(self) -> None:
+        started = self.clock()
+        if self._renewed_at is not None and started - self._renewed_at > self.policy.tolerance:
+            self._lose(f"heartbeat of {self.instant} was not renewed for {started - self._renewed_at:.1f} s")
+            return
+        payload = json.dumps({"owner": self.owner, "instant": self.instant}).encode()
+        try:
+            self.storage.write(heartbeat_path(self.instant), payload)
+        except (CowriteError, OSError) as exc:
+            # Not lost yet: the lease runs out by itself if renewals keep failing.
+            self._failure = f"cannot renew heartbeat of {self.instant}: {exc}"
+            return
+        self._renewed_at = started
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.policy.interval):
+            self.renew()
+
+    def _lose(self, reason: str) -> None:
+        if self._lost is None:
+            self._lost = reason
+
+    def remaining(self) -> float:
+        """Seconds of lease left (negative when gone)."""
+        if self._renewed_at is None:
+            return -1.0
+        return self.policy.tolerance - (self.clock() - self._renewed_at)
+
+    def check(self, margin: float | None = None) -> None:
+        """Raise :class:`LeaseLostError` unless the lease is held with ``margin`` seconds to spare."""
+        if self._lost:
+            raise LeaseLostError(f"{self._lost}; the writer of {self.instant} must not publish")
+        needed = self.policy.margin if margin is None else margin
+        if self.remaining() < needed:
+            self._lose(
+                f"lease of {self.instant} has {self.remaining():.1f} s left, less than the safety margin "
+                f"of {needed:.1f} s ({self._failure})"
+            )
+            raise LeaseLostError(f"{self._lost}; the writer of {self.instant} must not publish")
+
+    def stop(self, delete: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if delete:
+            self.storage.delete(heartbeat_path(self.instant))

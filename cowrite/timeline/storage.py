@@ -1,0 +1,235 @@
+"""Storage: the few file operations a table needs, over any fsspec file system.
+
+Paths given to a :class:`Storage` are relative to its root (the table's base path) and use ``/``.
+
+Contract, on every backend:
+
+- :meth:`Storage.create_if_absent` is atomic: among any number of processes creating the same path, exactly
+  one gets ``True``, and no reader ever sees the file partly written. It is never check-then-write:
+  local disk links a fully written temporary file into place (``link`` fails if the name exists), S3 sends
+  a conditional ``PUT`` with ``If-None-Match: *``, memory holds a process-wide lock (memory file systems
+  are process-local anyway).
+- :meth:`Storage.write` replaces a file whole: readers see the old or the new content, not a mix.
+- :meth:`Storage.read` and :meth:`Storage.stat` raise :class:`FileNotFoundError` for a missing file.
+- :meth:`Storage.delete` of a missing file is not an error (deletes are retried by cleaners).
+- Any other failure of the backend raises :class:`~cowrite.timeline.errors.StorageError` naming the path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+from .errors import StorageError
+
+T = TypeVar("T")
+
+# s3fs passes botocore's own errors (endpoint unreachable, timeouts) through untranslated; they are not
+# OSErrors, and without this they would escape the contract as raw botocore exceptions.
+_BACKEND_ERRORS: tuple[type[Exception], ...] = (OSError,)
+try:
+    from botocore.exceptions import BotoCoreError
+
+    _BACKEND_ERRORS += (BotoCoreError,)
+except ImportError:
+    pass
+
+# Temporary files of atomic local writes start with this prefix; listings skip them.
+_TEMP_PREFIX = ".cowrite-tmp-"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str  # relative to the storage root
+    size: int
+    modified: float  # seconds since the epoch
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+class Storage:
+    """A table's files on one fsspec file system, rooted at the table's base path."""
+
+    def __init__(self, fs: AbstractFileSystem, root: str, uri: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.uri = uri
+
+    @staticmethod
+    def for_uri(uri: str, **options: Any) -> Storage:
+        """Storage for ``uri`` (a local path, ``memory://...``, ``s3://bucket/...``).
+
+        For S3, endpoint and credentials come from the usual AWS environment variables
+        (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) or from ``options``, passed to s3fs.
+        """
+        protocol, _, rest = uri.partition("://")
+        if not rest:
+            protocol, rest = "file", os.path.abspath(uri)
+        if protocol in ("s3", "s3a"):
+            protocol = "s3"
+            # Listing caches would hide instants other writers just created.
+            options.setdefault("use_listings_cache", False)
+            options.setdefault("skip_instance_cache", True)
+        try:
+            fs = fsspec.filesystem(protocol, **options)
+        except (ImportError, ValueError) as exc:
+            raise StorageError(f"cannot open storage for {uri}: {exc}") from exc
+        root = fs._strip_protocol(uri if protocol != "file" else rest)
+        backend = {"file": LocalStorage, "memory": MemoryStorage, "s3": S3Storage}.get(protocol, Storage)
+        return backend(fs, root, uri if protocol != "file" else rest)
+
+    # -- paths -----------------------------------------------------------------------------------
+    def full_path(self, path: str) -> str:
+        return f"{self.root}/{path}" if path else self.root
+
+    def relative(self, full_path: str) -> str:
+        stripped = self.fs._strip_protocol(full_path).rstrip("/")
+        return stripped[len(self.root) + 1 :] if stripped.startswith(self.root + "/") else stripped
+
+    def child(self, path: str) -> Storage:
+        """Storage rooted at a sub-directory."""
+        return type(self)(self.fs, self.full_path(path), f"{self.uri.rstrip('/')}/{path}")
+
+    # -- operations ------------------------------------------------------------------------------
+    def read(self, path: str) -> bytes:
+        return self._call(path, lambda: self.fs.cat_file(self.full_path(path)))
+
+    def write(self, path: str, data: bytes) -> None:
+        self._call(path, lambda: self.fs.pipe_file(self.full_path(path), data))
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with ``data`` unless it exists. True if this call created it."""
+        raise StorageError(f"{type(self.fs).__name__} offers no atomic create; cowrite cannot use {self.uri}")
+
+    def list(self, directory: str = "") -> list[FileInfo]:
+        """Files directly inside ``directory`` (not sub-directories); empty if it does not exist."""
+        try:
+            entries = self._call(directory, lambda: self.fs.ls(self.full_path(directory), detail=True))
+        except FileNotFoundError:
+            return []
+        return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
+
+    def list_dirs(self, directory: str = "") -> list[str]:
+        """Relative paths of the sub-directories directly inside ``directory``."""
+        try:
+            entries = self._call(directory, lambda: self.fs.ls(self.full_path(directory), detail=True))
+        except FileNotFoundError:
+            return []
+        return [self.relative(e["name"]) for e in entries if e["type"] == "directory"]
+
+    def walk_files(self, directory: str = "") -> list[FileInfo]:
+        """All files below ``directory``, recursively."""
+        try:
+            found = self._call(directory, lambda: self.fs.find(self.full_path(directory), detail=True))
+        except FileNotFoundError:
+            return []
+        return [self._info(e) for e in found.values() if e["type"] == "file" and not _is_temp(e["name"])]
+
+    def stat(self, path: str) -> FileInfo:
+        return self._info(self._call(path, lambda: self.fs.info(self.full_path(path))))
+
+    def exists(self, path: str) -> bool:
+        return bool(self._call(path, lambda: self.fs.exists(self.full_path(path))))
+
+    def delete(self, path: str) -> None:
+        try:
+            self._call(path, lambda: self.fs.rm_file(self.full_path(path)))
+        except FileNotFoundError:
+            pass
+
+    @contextmanager
+    def open_output(self, path: str) -> Iterator[IO[bytes]]:
+        """A binary stream that writes ``path`` (for parquet writers)."""
+        self.fs.makedirs(self.full_path(path).rsplit("/", 1)[0], exist_ok=True)
+        with self._call(path, lambda: self.fs.open(self.full_path(path), "wb")) as stream:
+            yield stream
+
+    def open_input(self, path: str) -> IO[bytes]:
+        return self._call(path, lambda: self.fs.open(self.full_path(path), "rb"))  # type: ignore[no-any-return]
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _info(self, entry: dict[str, Any]) -> FileInfo:
+        modified = entry.get("mtime") or entry.get("LastModified") or entry.get("created") or 0.0
+        if hasattr(modified, "timestamp"):
+            modified = modified.timestamp()
+        return FileInfo(self.relative(entry["name"]), int(entry.get("size") or 0), float(modified))
+
+    def _call(self, path: str, operation: Callable[[], T]) -> T:
+        try:
+            return operation()
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except _BACKEND_ERRORS as exc:
+            raise StorageError(f"storage failed on {self.full_path(path)}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def _is_temp(name: str) -> bool:
+    return name.rsplit("/", 1)[-1].startswith(_TEMP_PREFIX)
+
+
+class LocalStorage(Storage):
+    def _temp_beside(self, target: str, data: bytes) -> str:
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        temp = os.path.join(directory, f"{_TEMP_PREFIX}{uuid.uuid4().hex}")
+        with open(temp, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        return temp
+
+    def write(self, path: str, data: bytes) -> None:
+        target = self.full_path(path)
+
+        def replace() -> None:
+            os.replace(self._temp_beside(target, data), target)
+
+        self._call(path, replace)
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        target = self.full_path(path)
+
+        def link() -> bool:
+            temp = self._temp_beside(target, data)
+            try:
+                os.link(temp, target)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temp)
+
+        return self._call(path, link)
+
+
+class MemoryStorage(Storage):
+    _lock = threading.Lock()
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        with self._lock:
+            if self.fs.exists(self.full_path(path)):
+                return False
+            self.fs.pipe_file(self.full_path(path), data)
+            return True
+
+
+class S3Storage(Storage):
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        try:
+            self._call(path, lambda: self.fs.pipe_file(self.full_path(path), data, mode="create"))
+            return True
+        except FileExistsError:
+            return False

@@ -1,0 +1,200 @@
+"""A table's identity: where it lives, its ``hoodie.properties``, and reading its timeline.
+
+Layout under the base path (everything cowrite adds of its own stays under ``.hoodie/``, where readers
+ignore it):
+
+============================================  =====================================================
+``.hoodie/hoodie.properties``                 table configuration (java-properties)
+``.hoodie/timeline/``                         instants (Hudi timeline layout 2)
+``.hoodie/.heartbeat/<instant>``              a live writer's heartbeat
+``.hoodie/locks/lock<id>.acquired|released``  the filesystem table lock
+``<partition path>/<fileId>_<token>_<t>.parquet``  base files
+============================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from jproperties import Properties  # type: ignore[import-untyped]
+
+from . import config as keys
+from .commit_metadata import CommitMetadata
+from .config import Config
+from .errors import (
+    ConfigError,
+    InvalidTablePropertiesError,
+    StorageError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from .instant import Instant
+from .storage import Storage
+from .timeline import TIMELINE_DIR, Timeline
+
+PROPERTIES_FILE = ".hoodie/hoodie.properties"
+SUPPORTED_VERSION = 8
+SUPPORTED_LAYOUT = 2
+
+
+def format_properties(values: Mapping[str, str]) -> bytes:
+    properties = Properties()
+    for name in sorted(values):
+        properties[name] = values[name]
+    out = io.BytesIO()
+    properties.store(out, encoding="utf-8", timestamp=False)
+    return out.getvalue()
+
+
+def parse_properties(data: bytes, path: str) -> dict[str, str]:
+    properties = Properties()
+    try:
+        properties.load(data, "utf-8")
+    except Exception as exc:  # jproperties raises several kinds on malformed input
+        raise InvalidTablePropertiesError(f"{path} is not a readable properties file: {exc}") from None
+    return {name: value.data for name, value in properties.items()}
+
+
+class Table:
+    """An existing table. Cheap to create; :meth:`timeline` lists the timeline each call."""
+
+    def __init__(self, storage: Storage, config: Config) -> None:
+        self.storage = storage
+        self.config = config
+
+    # -- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, uri: str, **storage_options: Any) -> Table:
+        return cls.open(Storage.for_uri(uri, **storage_options))
+
+    @classmethod
+    def open(cls, storage: Storage) -> Table:
+        path = storage.full_path(PROPERTIES_FILE)
+        try:
+            data = storage.read(PROPERTIES_FILE)
+        except FileNotFoundError:
+            raise TableNotFoundError(
+                f"{storage.uri} is not a cowrite/Hudi table: {path} does not exist. "
+                "Check the path, or create a table there with `cowrite init`"
+            ) from None
+        table = cls(storage, Config(parse_properties(data, path)))
+        table._validate(path)
+        return table
+
+    @classmethod
+    def create(
+        cls,
+        uri: str,
+        *,
+        name: str,
+        record_key_fields: Sequence[str],
+        partition_fields: Sequence[str] = (),
+        ordering_fields: Sequence[str] = (),
+        hive_style_partitioning: bool = False,
+        properties: Mapping[str, str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Table:
+        """Create a new empty table; raises :class:`TableExistsError` if one is there already."""
+        storage = Storage.for_uri(uri, **dict(storage_options or {}))
+        if not record_key_fields:
+            raise ConfigError("a table needs at least one record key field")
+        values = {
+            keys.TABLE_NAME.key: name,
+            keys.TABLE_TYPE.key: "COPY_ON_WRITE",
+            keys.TABLE_VERSION.key: str(SUPPORTED_VERSION),
+            keys.TIMELINE_LAYOUT_VERSION.key: str(SUPPORTED_LAYOUT),
+            keys.RECORD_KEY_FIELDS.key: ",".join(record_key_fields),
+            keys.PARTITION_FIELDS.key: ",".join(partition_fields),
+            keys.HIVE_STYLE_PARTITIONING.key: str(hive_style_partitioning).lower(),
+            keys.BASE_FILE_FORMAT.key: keys.BASE_FILE_FORMAT.default,
+            keys.POPULATE_META_FIELDS.key: "true",
+            keys.METADATA_ENABLE.key: "false",
+            keys.TIMELINE_TIMEZONE.key: "UTC",
+            keys.KEY_GENERATOR_CLASS.key: keys.KEY_GENERATOR_CLASS.default,
+            **({keys.ORDERING_FIELDS.key: ",".join(ordering_fields)} if ordering_fields else {}),
+            **({keys.PRECOMBINE_FIELD.key: ordering_fields[0]} if ordering_fields else {}),
+            **dict(properties or {}),
+        }
+        table = cls(storage, Config(values))
+        table._validate(storage.full_path(PROPERTIES_FILE))
+        if not storage.create_if_absent(PROPERTIES_FILE, format_properties(values)):
+            raise TableExistsError(f"a table already exists at {storage.uri}; choose another path")
+        return table
+
+    def _validate(self, path: str) -> None:
+        try:
+            if not self.config.get(keys.TABLE_NAME):
+                raise InvalidTablePropertiesError(f"{path} has no {keys.TABLE_NAME.key}")
+            if self.config.get(keys.TABLE_TYPE) != "COPY_ON_WRITE":
+                raise InvalidTablePropertiesError(
+                    f"{path}: table type {self.config.get(keys.TABLE_TYPE)} is not supported; "
+                    "cowrite serves COPY_ON_WRITE tables"
+                )
+            version = self.config.require(keys.TABLE_VERSION)
+            layout = self.config.get(keys.TIMELINE_LAYOUT_VERSION)
+            if version != SUPPORTED_VERSION or layout != SUPPORTED_LAYOUT:
+                raise InvalidTablePropertiesError(
+                    f"{path}: table version {version} with timeline layout {layout} is not supported; "
+                    f"cowrite serves version {SUPPORTED_VERSION}, layout {SUPPORTED_LAYOUT} "
+                    "(upgrade the table with Hudi 1.x first)"
+                )
+            if not self.record_key_fields:
+                raise InvalidTablePropertiesError(f"{path} has no {keys.RECORD_KEY_FIELDS.key}")
+        except ConfigError as exc:
+            raise InvalidTablePropertiesError(f"{path}: {exc}") from None
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.get(keys.TABLE_NAME)
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    @property
+    def record_key_fields(self) -> tuple[str, ...]:
+        return self.config.get(keys.RECORD_KEY_FIELDS)
+
+    @property
+    def partition_fields(self) -> tuple[str, ...]:
+        return self.config.get(keys.PARTITION_FIELDS)
+
+    @property
+    def ordering_fields(self) -> tuple[str, ...]:
+        fields = self.config.get(keys.ORDERING_FIELDS)
+        precombine = self.config.get(keys.PRECOMBINE_FIELD)
+        return fields or ((precombine,) if precombine else ())
+
+    @property
+    def hive_style_partitioning(self) -> bool:
+        return self.config.get(keys.HIVE_STYLE_PARTITIONING)
+
+    # -- timeline --------------------------------------------------------------------------------
+    def timeline(self) -> Timeline:
+        return Timeline.load(self.storage)
+
+    def instant_path(self, instant: Instant) -> str:
+        return f"{TIMELINE_DIR}/{instant.file_name}"
+
+    def commit_metadata(self, instant: Instant) -> CommitMetadata:
+        """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
+        return _read_commit_metadata(self.storage, self.instant_path(instant))
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r} at {self.uri})"
+
+
+@lru_cache(maxsize=4096)
+def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        raise StorageError(
+            f"{storage.full_path(path)} vanished while reading the timeline (archived or rolled back "
+            "meanwhile?); reload and retry"
+        ) from None
+    return CommitMetadata.from_bytes(data, storage.full_path(path))

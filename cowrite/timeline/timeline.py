@@ -1,0 +1,144 @@
+"""The timeline: an immutable snapshot of a table's instants, and the views readers and writers need.
+
+A loaded :class:`Timeline` holds one :class:`Instant` per requested time, in its latest state. Loading
+lists ``.hoodie/timeline/`` once; every view is computed from that snapshot, so a caller that needs to see
+newer instants loads again (writers do, under the lock, before they commit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .instant import Action, Instant, InvalidInstantError, State, check_time
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+TIMELINE_DIR = ".hoodie/timeline"
+
+
+@dataclass(frozen=True)
+class InstantRange:
+    """Times ``t`` with ``start < t <= end``; an open side is None."""
+
+    start: str | None = None
+    end: str | None = None
+
+    @classmethod
+    def all(cls) -> InstantRange:
+        return cls()
+
+    @classmethod
+    def since(cls, start: str) -> InstantRange:
+        """Strictly after ``start`` (a checkpoint already consumed)."""
+        return cls(check_time(start), None)
+
+    @classmethod
+    def until(cls, end: str) -> InstantRange:
+        return cls(None, check_time(end))
+
+    @classmethod
+    def within(cls, start: str | None, end: str | None) -> InstantRange:
+        return cls(start and check_time(start), end and check_time(end))
+
+    def __contains__(self, time: object) -> bool:
+        if not isinstance(time, str):
+            return False
+        return (self.start is None or time > self.start) and (self.end is None or time <= self.end)
+
+
+class Timeline:
+    """Instants of one table, ordered by requested time."""
+
+    def __init__(self, instants: Iterable[Instant]) -> None:
+        latest: dict[str, Instant] = {}
+        for instant in instants:
+            known = latest.get(instant.requested_time)
+            if known is None or instant.state > known.state:
+                latest[instant.requested_time] = instant
+        self._instants = tuple(sorted(latest.values()))
+
+    @classmethod
+    def load(cls, storage: Storage) -> Timeline:
+        """List the timeline directory. Files that are not instants are skipped with a warning."""
+        instants = []
+        for info in storage.list(TIMELINE_DIR):
+            if info.name.endswith(".crc"):
+                continue
+            try:
+                instants.append(Instant.parse(info.name))
+            except InvalidInstantError as exc:
+                log.warning("skipping %s/%s: %s", storage.uri, info.path, exc)
+        return cls(instants)
+
+    # -- access ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Instant]:
+        return iter(self._instants)
+
+    def __len__(self) -> int:
+        return len(self._instants)
+
+    def __bool__(self) -> bool:
+        return bool(self._instants)
+
+    def __repr__(self) -> str:
+        return f"Timeline({', '.join(i.file_name for i in self._instants)})"
+
+    def get(self, requested_time: str) -> Instant | None:
+        for instant in self._instants:
+            if instant.requested_time == requested_time:
+                return instant
+        return None
+
+    @property
+    def requested_times(self) -> frozenset[str]:
+        return frozenset(i.requested_time for i in self._instants)
+
+    @property
+    def first(self) -> Instant | None:
+        return self._instants[0] if self._instants else None
+
+    # -- views -----------------------------------------------------------------------------------
+    def filter(self, *, actions: Iterable[Action] | None = None, states: Iterable[State] | None = None) -> Timeline:
+        wanted_actions = set(actions) if actions is not None else None
+        wanted_states = set(states) if states is not None else None
+        return Timeline(
+            i
+            for i in self._instants
+            if (wanted_actions is None or i.action in wanted_actions)
+            and (wanted_states is None or i.state in wanted_states)
+        )
+
+    def completed(self) -> Timeline:
+        return self.filter(states=[State.COMPLETED])
+
+    def pending(self) -> Timeline:
+        return self.filter(states=[State.REQUESTED, State.INFLIGHT])
+
+    def data_commits(self) -> Timeline:
+        """Completed instants that make base files visible (commit, replacecommit)."""
+        return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
+
+    def requested_in(self, window: InstantRange) -> Timeline:
+        return Timeline(i for i in self._instants if i.requested_time in window)
+
+    def completed_in(self, window: InstantRange) -> list[Instant]:
+        """Completed instants whose completion time is in ``window``, in completion order."""
+        return sorted(
+            (i for i in self._instants if i.is_completed and i.completion_time in window),
+            key=lambda i: i.completion_time or "",
+        )
+
+    def in_completion_order(self) -> list[Instant]:
+        return self.completed_in(InstantRange.all())
+
+    @property
+    def latest_completion_time(self) -> str | None:
+        times = [i.completion_time for i in self._instants if i.completion_time]
+        return max(times) if times else None
+
+    def completed_since(self, seen: frozenset[str]) -> list[Instant]:
+        """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
+        return [i for i in self._instants if i.is_completed and i.requested_time not in seen]

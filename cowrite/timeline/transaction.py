@@ -1,0 +1,211 @@
+"""One writer's instant: begin, plan, write, commit — optimistic concurrency control (RFC-22).
+
+1. :meth:`Transaction.begin` takes the table lock, picks an instant time no instant on the timeline has
+   used (test-and-set: the ``.requested`` file is created only if absent), remembers which instants were
+   completed, starts the heartbeat and releases the lock.
+2. :meth:`Transaction.plan` publishes ``.inflight`` listing every base file the writer may create, so a
+   failed write can be rolled back without listing the table.
+3. The engine writes base files, calling :meth:`Transaction.check_alive` between files to fail fast.
+4. :meth:`Transaction.commit` takes the lock, reloads the timeline, and looks for conflicts among the
+   instants that completed since begin (by identity, not by clocks). Without conflict, and with the lease
+   still held by the safety margin, it publishes ``<t>_<completion>.<action>`` with a completion time
+   above every earlier one.
+
+A failure before the completed file is created leaves only invisible garbage (``.requested``/``.inflight``
+and unreferenced base files) for the lazy rollback. Errors say which of the two cases applies:
+:class:`~.errors.CommitFailedError` (not committed) or :class:`~.errors.CommitStateUnknownError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import config as keys
+from .commit_metadata import CommitMetadata
+from .config import Config
+from .conflict import Candidate, ConflictStrategy, strategy_named
+from .errors import (
+    CommitFailedError,
+    CommitStateUnknownError,
+    CowriteError,
+    LeaseLostError,
+    StorageError,
+    WriteConflictError,
+)
+from .heartbeat import Heartbeat, HeartbeatPolicy
+from .instant import Action, Instant, State, from_millis, to_millis
+from .locks import LockHolder, TableLock, lock_for
+from .table import Table
+from .timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriteOptions:
+    """How one writer takes part in concurrency control; defaults come from the config registry."""
+
+    config: Config = field(default_factory=Config)
+    clock: Callable[[], float] = time.time  # wall clock for instant times; injectable to test skew
+    lock: TableLock | None = None  # a ready lock, else one is made from the config
+    conflict_strategy: ConflictStrategy | None = None
+
+    @property
+    def heartbeat_policy(self) -> HeartbeatPolicy:
+        margin = self.config.get(keys.LEASE_SAFETY_MARGIN_MS)
+        return HeartbeatPolicy(
+            interval=self.config.get(keys.HEARTBEAT_INTERVAL_MS) / 1000,
+            tolerable_misses=self.config.get(keys.HEARTBEAT_TOLERABLE_MISSES),
+            safety_margin=None if margin < 0 else margin / 1000,
+        )
+
+
+class Transaction:
+    """A writer's instant from begin to commit or abort. Use :meth:`begin` to create one."""
+
+    def __init__(self, table: Table, action: Action, operation: str, options: WriteOptions) -> None:
+        self.table = table
+        self.action = action
+        self.operation = operation
+        self.options = options
+        self.holder = LockHolder()
+        self.lock = options.lock or lock_for(
+            table.storage, options.config, self.holder, options.heartbeat_policy, table.name
+        )
+        self.strategy = options.conflict_strategy or strategy_named(options.config.get(keys.CONFLICT_STRATEGY))
+        self.instant: Instant | None = None
+        self.begin_timeline = Timeline(())
+        self.heartbeat: Heartbeat | None = None
+        self.planned: CommitMetadata | None = None
+
+    # -- begin -----------------------------------------------------------------------------------
+    @classmethod
+    def begin(
+        cls, table: Table, operation: str, action: Action = Action.COMMIT, options: WriteOptions | None = None
+    ) -> Transaction:
+        transaction = cls(table, action, operation, options or WriteOptions())
+        transaction._begin()
+        return transaction
+
+    def _begin(self) -> None:
+        with self.lock:
+            timeline = self.table.timeline()
+            requested = self._claim_instant_time(timeline)
+            self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
+            self.instant = requested
+            self.begin_timeline = timeline
+            self.heartbeat = Heartbeat(
+                self.table.storage, requested.requested_time, self.options.heartbeat_policy, self.holder.owner
+            ).start()
+        log.debug("began %s on %s", requested, self.table)
+
+    def _claim_instant_time(self, timeline: Timeline) -> Instant:
+        """A new ``.requested`` instant, later than every instant the timeline shows, whatever our clock."""
+        last = max((to_millis(i.requested_time) for i in timeline), default=0)
+        millis = max(int(self.options.clock() * 1000), last + 1)
+        while True:
+            instant = Instant(from_millis(millis), self.action, State.REQUESTED)
+            if self.table.storage.create_if_absent(self.table.instant_path(instant), b""):
+                return instant
+            millis += 1  # someone took this one (a writer without our lock, or a retried create)
+
+    @property
+    def instant_time(self) -> str:
+        if self.instant is None:
+            raise CowriteError("the transaction has not begun")
+        return self.instant.requested_time
+
+    # -- plan and write --------------------------------------------------------------------------
+    def plan(self, planned: CommitMetadata) -> None:
+        """Publish ``.inflight`` listing every file group and base file this write may create."""
+        self.check_alive()
+        assert self.instant is not None
+        inflight = self.instant.transition(State.INFLIGHT)
+        self.table.storage.write(self.table.instant_path(inflight), planned.to_bytes(self.action))
+        self.instant = inflight
+        self.planned = planned
+
+    def check_alive(self) -> None:
+        """Raise :class:`LeaseLostError` as soon as the writer's lease is gone (fail fast)."""
+        if self.heartbeat is None:
+            raise CowriteError("the transaction has not begun")
+        self.heartbeat.check(margin=0.0)
+
+    # -- commit ----------------------------------------------------------------------------------
+    def commit(self, metadata: CommitMetadata) -> Instant:
+        """Publish the completed instant, or raise; see the module docstring for the error cases."""
+        assert self.instant is not None and self.heartbeat is not None
+        if self.instant.state is State.REQUESTED:
+            self.plan(metadata)
+        try:
+            self.heartbeat.check()
+            with self.lock:
+                completed = self._publish(metadata)
+        except CommitFailedError:
+            self.abort()
+            raise
+        self.heartbeat.stop(delete=True)
+        log.info("committed %s on %s", completed, self.table)
+        return completed
+
+    def _publish(self, metadata: CommitMetadata) -> Instant:
+        assert self.instant is not None and self.heartbeat is not None
+        timeline = self.table.timeline()
+        mine = timeline.get(self.instant_time)
+        if mine is None or mine.is_completed:
+            raise LeaseLostError(
+                f"instant {self.instant_time} of table {self.table.name} is no longer pending "
+                f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
+            )
+        self._check_conflicts(metadata, timeline)
+        self.heartbeat.check()
+        self.lock.check_held()
+        completion = self._completion_time(timeline)
+        done = self.instant.transition(State.COMPLETED, completion)
+        try:
+            created = self.table.storage.create_if_absent(
+                self.table.instant_path(done), metadata.to_bytes(self.action)
+            )
+        except StorageError as exc:
+            raise CommitStateUnknownError(
+                f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
+                f"look for instant {self.instant_time} before retrying"
+            ) from exc
+        if not created:
+            raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        self.instant = done
+        return done
+
+    def _check_conflicts(self, metadata: CommitMetadata, timeline: Timeline) -> None:
+        seen = self.begin_timeline.completed().requested_times
+        candidates = [
+            Candidate(instant, self.table.commit_metadata(instant))
+            for instant in timeline.completed_since(seen)
+            if instant.action.writes_data
+        ]
+        for conflict in self.strategy(metadata, candidates):
+            raise WriteConflictError(
+                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
+            )
+
+    def _completion_time(self, timeline: Timeline) -> str:
+        latest = timeline.latest_completion_time
+        floor = max(to_millis(self.instant_time), to_millis(latest) if latest else 0)
+        return from_millis(max(int(self.options.clock() * 1000), floor + 1))
+
+    # -- abort -----------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Give up: delete the files this write created; the pending instant is rolled back lazily."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop(delete=False)
+        if self.planned is not None and not (self.instant and self.instant.is_completed):
+            for stat in self.planned.write_stats:
+                try:
+                    self.table.storage.delete(stat.path)
+                except CowriteError as exc:  # best effort: the rollback finds them from the plan
+                    log.warning("could not delete %s after abort: %s", stat.path, exc)
+        self.lock.release()
+

@@ -1,0 +1,137 @@
+"""Writing one file group: merge its current base file with incoming rows into a new base file.
+
+This is the unit of work of every engine (the local engine runs it in the driver, the Spark engine on
+executors): it reads at most one base file, writes exactly one, and returns the write stat for the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..timeline.commit_metadata import WriteStat
+from ..timeline.fs_view import BaseFile
+from ..timeline.storage import Storage
+from .records import COMMIT_SEQNO, COMMIT_TIME, FILE_NAME, META_COLUMNS, PARTITION_PATH, RECORD_KEY, latest_per_key
+
+_INCOMING = "__cowrite_incoming"
+
+
+@dataclass(frozen=True)
+class FileGroupWrite:
+    """The plan for one file group within one instant."""
+
+    partition: str
+    file_id: str
+    new_path: str  # the base file this write creates
+    base_path: str | None = None  # the current base file to merge, None for a new file group
+    base_instant: str | None = None
+    merge: bool = True  # False: append (insert), True: incoming rows replace rows of the same key
+
+    @classmethod
+    def create(
+        cls, partition: str, file_id: str, instant: str, token: str, base: BaseFile | None, merge: bool
+    ) -> FileGroupWrite:
+        name = BaseFile.file_name(file_id, token, instant)
+        return cls(
+            partition=partition,
+            file_id=file_id,
+            new_path=f"{partition}/{name}" if partition else name,
+            base_path=base.path if base else None,
+            base_instant=base.instant_time if base else None,
+            merge=merge,
+        )
+
+
+def read_base_file(storage: Storage, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    with storage.open_input(path) as stream:
+        return pq.read_table(stream, columns=list(columns) if columns is not None else None)
+
+
+def write_file_group(
+    storage: Storage,
+    work: FileGroupWrite,
+    instant: str,
+    incoming: pa.Table,
+    deleted_keys: pa.Array | None = None,
+    ordering: Sequence[str] = (),
+    compression: str = "snappy",
+    task: int = 0,
+) -> WriteStat:
+    """Write ``work.new_path``: the base file's rows, changed by ``incoming`` and ``deleted_keys``.
+
+    ``incoming`` holds the data columns plus ``_hoodie_record_key`` and ``_hoodie_partition_path``.
+    When merging, an incoming row replaces the stored row of its key unless the stored row has a larger
+    ordering value; rows nobody touched are copied with their original meta columns.
+    """
+    name = work.new_path.rsplit("/", 1)[-1]
+    existing = read_base_file(storage, work.base_path) if work.base_path else None
+    stamped = _stamp(incoming, instant, name)
+    if existing is None:
+        combined = stamped
+    else:
+        combined = pa.concat_tables(
+            [existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows)),
+             stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows))],
+            promote_options="permissive",
+        )
+        if work.merge:
+            combined = latest_per_key(combined, combined.column(RECORD_KEY), ordering)
+    existing_keys = existing.column(RECORD_KEY) if existing is not None else pa.array([], pa.string())
+    deletes = 0
+    if deleted_keys is not None and len(deleted_keys):
+        doomed = pc.is_in(combined.column(RECORD_KEY), value_set=deleted_keys)
+        deletes = pc.sum(pc.and_(doomed, pc.invert(_incoming_mask(combined)))).as_py() or 0
+        combined = combined.filter(pc.invert(doomed))
+    fresh = _incoming_mask(combined)
+    updated = pc.and_(fresh, pc.is_in(combined.column(RECORD_KEY), value_set=existing_keys))
+    num_new = pc.sum(fresh).as_py() or 0
+    num_updates = pc.sum(updated).as_py() or 0
+    result = _finish(combined, instant, task, name)
+    with storage.open_output(work.new_path) as stream:
+        pq.write_table(result, stream, compression=compression)
+    size = storage.stat(work.new_path).size
+    return WriteStat(
+        file_id=work.file_id,
+        path=work.new_path,
+        partition_path=work.partition,
+        prev_commit=work.base_instant or "null",
+        num_writes=result.num_rows,
+        num_inserts=num_new - num_updates,
+        num_update_writes=num_updates,
+        num_deletes=deletes,
+        file_size=size,
+    )
+
+
+def _stamp(incoming: pa.Table, instant: str, file_name: str) -> pa.Table:
+    """Incoming rows with the meta columns of this write (sequence numbers come at the end)."""
+    data = incoming.drop_columns([c for c in (COMMIT_TIME, COMMIT_SEQNO, FILE_NAME) if c in incoming.column_names])
+    rows = data.num_rows
+    return data.append_column(COMMIT_TIME, pa.repeat(pa.scalar(instant), rows)).append_column(
+        COMMIT_SEQNO, pa.nulls(rows, pa.string())
+    ).append_column(FILE_NAME, pa.repeat(pa.scalar(file_name), rows))
+
+
+def _incoming_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    if _INCOMING in table.column_names:
+        return table.column(_INCOMING)
+    return pa.repeat(True, table.num_rows)
+
+
+def _finish(combined: pa.Table, instant: str, task: int, file_name: str) -> pa.Table:
+    """Number the new rows, point every row at its file, put meta columns first, sort by key."""
+    fresh = _incoming_mask(combined)
+    numbers = pa.array([f"{instant}_{task}_{i}" for i in range(combined.num_rows)], pa.string())
+    seqno = pc.if_else(fresh, numbers, combined.column(COMMIT_SEQNO))
+    table = combined.set_column(combined.schema.get_field_index(COMMIT_SEQNO), COMMIT_SEQNO, seqno)
+    table = table.set_column(
+        table.schema.get_field_index(FILE_NAME), FILE_NAME, pa.repeat(pa.scalar(file_name), table.num_rows)
+    )
+    data_columns = [c for c in table.column_names if c not in META_COLUMNS and c != _INCOMING]
+    table = table.select([*META_COLUMNS, *data_columns])
+    return table.sort_by(RECORD_KEY)
