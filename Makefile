@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, then run the main job (concurrent writers, a conflict, a failed write, reads)
+#   make test   set up, then run the whole test suite
+# Set-up is idempotent: a virtualenv in .venv with cowrite and its extras, and the Debian ZooKeeper
+# server the tests start on 127.0.0.1.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup test demo bench lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -f /usr/share/java/zookeeper.jar || { \
+		echo "installing the Debian zookeeper package (the tests start a real ZooKeeper server)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper; }
+	@test -f /usr/share/java/zookeeper.jar || { echo "zookeeper is still missing: apt-get install zookeeper" >&2; exit 1; }
+	@command -v java >/dev/null || { echo "java is missing: apt-get install default-jre-headless" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,spark]'
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+demo: setup
+	$(BIN)/cowrite demo
+
+bench: setup
+	$(BIN)/python bench/commit_throughput.py
+
+lint: setup
+	$(BIN)/ruff check cowrite tests bench
+	$(BIN)/mypy

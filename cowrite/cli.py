@@ -1,0 +1,244 @@
+"""The ``cowrite`` command: what operators and scripts use.
+
+Errors print one line on stderr and exit with a code that says what happened:
+
+==  ==========================================================================
+0   success
+1   error (bad input, corrupt table, storage failure); nothing was committed
+2   usage error
+3   write conflict: another writer committed to the same file groups first
+4   the table lock could not be acquired in time
+5   the writer lost its lease (heartbeat expired or lock taken over)
+6   commit state unknown: look at the timeline before retrying
+==  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import click
+import pyarrow as pa
+
+from .timeline import config as keys
+from .timeline.errors import (
+    CommitStateUnknownError,
+    CowriteError,
+    LeaseLostError,
+    LockTimeoutError,
+    SchemaError,
+    WriteConflictError,
+)
+from .timeline.table import Table
+from .timeline.transaction import WriteOptions
+
+EXIT_ERROR, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 3, 4, 5, 6
+_EXIT_CODES: list[tuple[type[CowriteError], int]] = [
+    (WriteConflictError, EXIT_CONFLICT),
+    (LockTimeoutError, EXIT_LOCK_TIMEOUT),
+    (LeaseLostError, EXIT_LEASE_LOST),
+    (CommitStateUnknownError, EXIT_UNKNOWN),
+]
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    code = next((c for kind, c in _EXIT_CODES if isinstance(exc, kind)), EXIT_ERROR)
+    click.echo(f"cowrite: {exc}", err=True)
+    sys.exit(code)
+
+
+def _options(pairs: Sequence[str]) -> dict[str, str]:
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def read_input(path: str, input_format: str | None) -> pa.Table:
+    """A parquet, CSV or JSON Lines file, or a directory of them, as one Arrow table."""
+    import pyarrow.csv as csv
+    import pyarrow.dataset as ds
+    import pyarrow.json as pajson
+
+    source = Path(path)
+    if not source.exists():
+        raise SchemaError(f"input {path} does not exist")
+    files = sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))) if source.is_dir() else [source]
+    if not files:
+        raise SchemaError(f"input directory {path} holds no files")
+    kinds = {".parquet": "parquet", ".csv": "csv", ".json": "jsonl", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+    tables = []
+    for file in files:
+        kind = input_format or kinds.get(file.suffix.lower())
+        try:
+            if kind == "parquet":
+                tables.append(ds.dataset(file, format="parquet").to_table())
+            elif kind == "csv":
+                tables.append(csv.read_csv(file))
+            elif kind == "jsonl":
+                tables.append(pajson.read_json(file))
+            else:
+                raise SchemaError(f"cannot tell the format of {file}; pass --input-format parquet|csv|jsonl")
+        except pa.ArrowInvalid as exc:
+            raise SchemaError(f"cannot read {file} as {kind}: {exc}") from None
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cowrite")
+def cli() -> None:
+    """Multi-writer Apache Hudi tables: several independent writers, one table."""
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--record-key", multiple=True, required=True, help="Record key field(s), comma-separated or repeated.")
+@click.option("--partition-field", multiple=True, help="Partition field(s), comma-separated or repeated.")
+@click.option("--ordering-field", multiple=True, help="Field deciding between versions of a key (larger wins).")
+@click.option("--name", help="Table name (default: the last part of PATH).")
+@click.option("--hive-style/--no-hive-style", default=False, help="Partition directories named field=value.")
+@click.option("--option", "-o", "options", multiple=True, help="Extra table property KEY=VALUE (repeatable).")
+def init(path: str, record_key: Sequence[str], partition_field: Sequence[str], ordering_field: Sequence[str],
+         name: str | None, hive_style: bool, options: Sequence[str]) -> None:
+    """Create an empty table at PATH (local or s3://)."""
+    try:
+        table = Table.create(
+            path,
+            name=name or path.rstrip("/").rsplit("/", 1)[-1],
+            record_key_fields=_split(record_key),
+            partition_fields=_split(partition_field),
+            ordering_fields=_split(ordering_field),
+            hive_style_partitioning=hive_style,
+            properties=_options(options),
+        )
+    except CowriteError as exc:
+        _fail(exc)
+    click.echo(f"created table {table.name} at {table.uri}")
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--input", "input_path", required=True, help="Parquet, CSV or JSON Lines file, or a directory.")
+@click.option("--input-format", type=click.Choice(["parquet", "csv", "jsonl"]), help="Override detection.")
+@click.option("--operation", type=click.Choice(["insert", "upsert", "delete", "insert_overwrite"]),
+              default="upsert", show_default=True)
+@click.option("--lock-provider", type=click.Choice(["filesystem", "zookeeper", "in-process"]),
+              help="Table lock (default: the table's hoodie.write.lock.provider, else filesystem).")
+@click.option("--option", "-o", "options", multiple=True, help="Write setting KEY=VALUE (repeatable).")
+def write(path: str, input_path: str, input_format: str | None, operation: str,
+          lock_provider: str | None, options: Sequence[str]) -> None:
+    """Write records into the table at PATH as one commit."""
+    from .writer.local import LocalWriter
+
+    try:
+        table = Table.load(path)
+        settings = _options(options)
+        if lock_provider:
+            settings[keys.LOCK_PROVIDER.key] = lock_provider
+        data = read_input(input_path, input_format)
+        writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
+        instant = writer.write(data, operation, source=input_path)
+    except CowriteError as exc:
+        _fail(exc)
+    click.echo(f"committed {instant.requested_time} ({operation}, {data.num_rows} records), "
+               f"completed at {instant.completion_time}")
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--as-of", help="Time travel: the table as of this requested instant time.")
+@click.option("--since", help="Incremental: records of commits completed after this completion time.")
+@click.option("--until", help="Incremental: ... and at or before this completion time.")
+@click.option("--format", "output_format", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl",
+              show_default=True)
+@click.option("--output", help="Write here instead of stdout (required for parquet).")
+@click.option("--with-meta", is_flag=True, help="Include the _hoodie_* meta columns.")
+def read(path: str, as_of: str | None, since: str | None, until: str | None, output_format: str,
+         output: str | None, with_meta: bool) -> None:
+    """Read the table at PATH: snapshot, time travel or incremental."""
+    from .writer import read as readers
+
+    if as_of and (since or until):
+        raise click.UsageError("--as-of (time travel) and --since/--until (incremental) exclude each other")
+    if output_format == "parquet" and not output:
+        raise click.UsageError("--format parquet needs --output FILE")
+    try:
+        table = Table.load(path)
+        if since or until:
+            result = readers.incremental(table, since=since, until=until, with_meta=with_meta)
+        else:
+            result = readers.snapshot(table, as_of=as_of, with_meta=with_meta)
+    except (CowriteError, ValueError) as exc:
+        _fail(exc)
+    _emit(result, output_format, output)
+
+
+def _emit(result: pa.Table, output_format: str, output: str | None) -> None:
+    import pyarrow.csv as csv
+    import pyarrow.parquet as pq
+
+    if output_format == "parquet":
+        pq.write_table(result, output)
+    elif output_format == "csv":
+        if output:
+            csv.write_csv(result, output)
+        else:
+            sink = pa.BufferOutputStream()
+            csv.write_csv(result, sink)
+            sys.stdout.write(sink.getvalue().to_pybytes().decode())
+    else:
+        lines = (json.dumps(row, default=str, sort_keys=False) for row in result.to_pylist())
+        if output:
+            Path(output).write_text("".join(f"{line}\n" for line in lines))
+        else:
+            for line in lines:
+                sys.stdout.write(line + "\n")
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per instant.")
+def timeline(path: str, as_json: bool) -> None:
+    """Show the instants of the table at PATH."""
+    try:
+        table = Table.load(path)
+        instants = list(table.timeline())
+    except CowriteError as exc:
+        _fail(exc)
+    if as_json:
+        for instant in instants:
+            click.echo(json.dumps({
+                "requested_time": instant.requested_time,
+                "action": instant.action.value,
+                "state": instant.state.name,
+                "completion_time": instant.completion_time,
+            }))
+        return
+    click.echo(f"table {table.name} at {table.uri}: {len(instants)} instants")
+    for instant in instants:
+        click.echo(f"{instant.requested_time}  {instant.action.value:<14} {instant.state.name:<10} "
+                   f"{instant.completion_time or ''}")
+
+
+@cli.command()
+@click.option("--path", help="Where to create the demo table (default: a new temporary directory).")
+def demo(path: str | None) -> None:
+    """Show concurrent writers, a conflict, a killed writer and incremental reads on a local table."""
+    from .demo import run
+
+    run(path)
+
+
+def main() -> None:
+    cli()
