@@ -31,11 +31,12 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .instant import Instant
+from .instant import Action, Instant, State
 from .storage import Storage
 from .timeline import TIMELINE_DIR, Timeline
 
 PROPERTIES_FILE = ".hoodie/hoodie.properties"
+TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
 SUPPORTED_VERSION = 8
 SUPPORTED_LAYOUT = 2
 
@@ -183,6 +184,24 @@ class Table:
     def commit_metadata(self, instant: Instant) -> CommitMetadata:
         """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
         return _read_commit_metadata(self.storage, self.instant_path(instant))
+
+    def service_plan(self, instant: Instant) -> CommitMetadata | None:
+        """The plan of a pending table service (clustering), which counts as touching its file groups.
+
+        Table services publish their plan in ``<t>.replacecommit.requested``; writers leave their
+        ``.requested`` empty, so an empty file means "not a table service".
+        """
+        if instant.is_completed or instant.action is not Action.REPLACE_COMMIT:
+            return None
+        path = self.instant_path(Instant(instant.requested_time, instant.action, State.REQUESTED))
+        try:
+            data = self.storage.read(path)
+        except FileNotFoundError:
+            return None
+        if not data:
+            return None
+        plan = CommitMetadata.from_bytes(data, self.storage.full_path(path))
+        return plan if plan.operation in TABLE_SERVICE_OPERATIONS else None
 
     def __repr__(self) -> str:
         return f"Table({self.name!r} at {self.uri})"

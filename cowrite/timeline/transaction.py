@@ -91,7 +91,8 @@ class Transaction:
         return transaction
 
     def _begin(self) -> None:
-        with self.lock:
+        self.lock.acquire()
+        try:
             timeline = self.table.timeline()
             requested = self._claim_instant_time(timeline)
             self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
@@ -100,6 +101,8 @@ class Transaction:
             self.heartbeat = Heartbeat(
                 self.table.storage, requested.requested_time, self.options.heartbeat_policy, self.holder.owner
             ).start()
+        finally:
+            self._release_lock()
         log.debug("began %s on %s", requested, self.table)
 
     def _claim_instant_time(self, timeline: Timeline) -> Instant:
@@ -142,8 +145,11 @@ class Transaction:
             self.plan(metadata)
         try:
             self.heartbeat.check()
-            with self.lock:
+            self.lock.acquire()
+            try:
                 completed = self._publish(metadata)
+            finally:
+                self._release_lock()
         except CommitFailedError:
             self.abort()
             raise
@@ -185,6 +191,11 @@ class Transaction:
             Candidate(instant, self.table.commit_metadata(instant))
             for instant in timeline.completed_since(seen)
             if instant.action.writes_data
+        ] + [
+            Candidate(instant, plan)
+            for instant in timeline.pending()
+            if instant.requested_time != self.instant_time
+            and (plan := self.table.service_plan(instant)) is not None
         ]
         for conflict in self.strategy(metadata, candidates):
             raise WriteConflictError(
@@ -195,6 +206,13 @@ class Transaction:
         latest = timeline.latest_completion_time
         floor = max(to_millis(self.instant_time), to_millis(latest) if latest else 0)
         return from_millis(max(int(self.options.clock() * 1000), floor + 1))
+
+    def _release_lock(self) -> None:
+        """Release the lock; a failure only delays the next writer until the lock expires."""
+        try:
+            self.lock.release()
+        except CowriteError as exc:
+            log.warning("could not release the lock of %s (it expires by itself): %s", self.table, exc)
 
     # -- abort -----------------------------------------------------------------------------------
     def abort(self) -> None:
@@ -207,5 +225,5 @@ class Transaction:
                     self.table.storage.delete(stat.path)
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
                     log.warning("could not delete %s after abort: %s", stat.path, exc)
-        self.lock.release()
+        self._release_lock()
 

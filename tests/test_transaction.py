@@ -1,0 +1,154 @@
+"""The transaction protocol in one process: instant times, conflicts, leases, retries."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
+from cowrite.timeline.conflict import Candidate, file_group_overlap
+from cowrite.timeline.errors import LeaseLostError, WriteConflictError
+from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.timeline.table import Table
+from cowrite.timeline.transaction import Transaction, WriteOptions
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+
+
+def _stat(partition: str, file_id: str, instant: str = "20260101000000000") -> WriteStat:
+    name = f"{file_id}_0-0-1_{instant}.parquet"
+    return WriteStat(file_id, f"{partition}/{name}", partition, "null", 1, 1, 0, 0, 10)
+
+
+def _options(table: Table, clock: object = time.time, **settings: str) -> WriteOptions:
+    config = table.config.with_values({"hoodie.write.lock.provider": "in-process", **settings})
+    return WriteOptions(config=config, clock=clock)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    return Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"],
+                        ordering_fields=["ts"])
+
+
+def _rows(ids: list[int], p: str, ts: int = 1) -> pa.Table:
+    return pa.table({"id": ids, "p": [p] * len(ids), "ts": [ts] * len(ids), "v": [f"{p}{i}" for i in ids]})
+
+
+def test_file_group_overlap_is_a_pure_function() -> None:
+    mine = CommitMetadata("upsert", (_stat("a", "f1"), _stat("b", "f2")))
+    winner = Instant("20260101000000001", Action.COMMIT, State.COMPLETED, "20260101000000002")
+    other = Instant("20260101000000003", Action.REPLACE_COMMIT, State.COMPLETED, "20260101000000004")
+    candidates = [
+        Candidate(winner, CommitMetadata("upsert", (_stat("a", "f1"), _stat("a", "f9")))),
+        Candidate(other, CommitMetadata("insert_overwrite", (), {"b": ("f2",)})),
+        Candidate(winner, CommitMetadata("upsert", (_stat("c", "f1"),))),  # same id, other partition
+    ]
+    conflicts = file_group_overlap(mine, candidates)
+    assert [(c.winner, c.file_groups) for c in conflicts] == [
+        (winner, frozenset({("a", "f1")})),
+        (other, frozenset({("b", "f2")})),  # a replaced file group counts as touched
+    ]
+
+
+def test_second_writer_of_a_file_group_conflicts_and_leaves_nothing(table: Table) -> None:
+    LocalWriter(table, _options(table)).insert(_rows([1, 2], "a"))
+    slow = Transaction.begin(table, "upsert", options=_options(table))
+    LocalWriter(table, _options(table)).upsert(_rows([1], "a", ts=2))  # completes first
+    group = next(iter(read.snapshot(table, with_meta=True).column("_hoodie_file_name").to_pylist()))
+    file_id = group.split("_")[0]
+    slow.plan(CommitMetadata("upsert", (_stat("a", file_id, slow.instant_time),)))
+    with pytest.raises(WriteConflictError) as caught:
+        slow.commit(CommitMetadata("upsert", (_stat("a", file_id, slow.instant_time),)))
+    winner = table.timeline().completed().filter(actions=[Action.COMMIT])
+    assert caught.value.instant == slow.instant_time
+    assert caught.value.winner == list(winner)[-1].requested_time
+    assert caught.value.file_groups == [f"a/{file_id}"]
+    assert table.timeline().get(slow.instant_time) == Instant(slow.instant_time, Action.COMMIT, State.INFLIGHT)
+
+
+def test_disjoint_writers_both_commit(table: Table) -> None:
+    first = Transaction.begin(table, "insert", options=_options(table))
+    second = Transaction.begin(table, "insert", options=_options(table))
+    done_second = second.commit(CommitMetadata("insert", (_stat("b", "g2", second.instant_time),)))
+    done_first = first.commit(CommitMetadata("insert", (_stat("a", "g1", first.instant_time),)))
+    assert done_first.requested_time < done_second.requested_time
+    assert done_second.completion_time < done_first.completion_time  # completion order = commit order
+
+
+def test_instant_times_unique_and_completions_ordered_whatever_the_clocks(table: Table) -> None:
+    now = time.time()
+    skews = itertools.cycle([-5.0, 0.0, 5.0])
+    committed = []
+    for n in range(9):
+        skew = next(skews)
+        options = _options(table, clock=lambda skew=skew: now + skew)
+        transaction = Transaction.begin(table, "insert", options=options)
+        committed.append(transaction.commit(CommitMetadata("insert", (_stat("p", f"g{n}", transaction.instant_time),))))
+    requested = [i.requested_time for i in committed]
+    completions = [i.completion_time for i in committed]
+    assert len(set(requested)) == 9
+    assert completions == sorted(completions) and len(set(completions)) == 9
+    assert all(i.completion_time > i.requested_time for i in committed)  # type: ignore[operator]
+
+
+def test_an_instant_time_is_never_reused(table: Table) -> None:
+    frozen = _options(table, clock=lambda: 1_700_000_000.0)
+    times = [Transaction.begin(table, "insert", options=frozen).instant_time for _ in range(3)]
+    assert times == [from_millis(1_700_000_000_000 + n) for n in range(3)]
+    # a rollback records itself (at a later time) before it deletes the failed instant's files, so the
+    # rolled-back time never becomes free again
+    rollback = Instant(from_millis(to_millis(times[-1]) + 1), Action.ROLLBACK, State.REQUESTED)
+    table.storage.create_if_absent(table.instant_path(rollback), b"")
+    table.storage.delete(f".hoodie/timeline/{times[-1]}.commit.requested")
+    later = Transaction.begin(table, "insert", options=frozen).instant_time
+    assert later not in times and to_millis(later) == to_millis(rollback.requested_time) + 1
+
+
+def test_pending_table_service_plan_counts_as_touched(table: Table) -> None:
+    clustering = Instant("20200101000000000", Action.REPLACE_COMMIT, State.REQUESTED)
+    plan = CommitMetadata("cluster", (), {"a": ("g1",)})
+    table.storage.create_if_absent(table.instant_path(clustering), plan.to_bytes(Action.REPLACE_COMMIT))
+    writer = Transaction.begin(table, "upsert", options=_options(table))
+    with pytest.raises(WriteConflictError) as caught:
+        writer.commit(CommitMetadata("upsert", (_stat("a", "g1", writer.instant_time),)))
+    assert caught.value.winner == clustering.requested_time
+
+
+def test_lost_lease_never_publishes(table: Table) -> None:
+    clock = [0.0]
+    options = _options(table, **{"hoodie.client.heartbeat.interval_in_ms": "1000"})
+    transaction = Transaction.begin(table, "insert", options=options)
+    assert transaction.heartbeat is not None
+    transaction.heartbeat.clock = lambda: clock[0]
+    transaction.heartbeat._renewed_at = 0.0
+    clock[0] = 1.5  # 0.5 s of a 2 s lease left: less than the 1 s safety margin
+    with pytest.raises(LeaseLostError):
+        transaction.commit(CommitMetadata("insert", (_stat("a", "g1", transaction.instant_time),)))
+    assert table.timeline().completed().requested_times == frozenset()
+
+
+def test_retry_on_conflict_uses_a_new_instant(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    LocalWriter(table, _options(table)).insert(_rows([1], "a"))
+    interloper = LocalWriter(table, _options(table))
+    begin = Transaction.begin
+    began: list[str] = []
+
+    def begin_then_interfere(*args: object, **kwargs: object) -> Transaction:
+        transaction = begin(*args, **kwargs)  # type: ignore[arg-type]
+        began.append(transaction.instant_time)
+        if len(began) == 1:  # another writer updates the same file group meanwhile
+            monkeypatch.setattr(Transaction, "begin", begin)
+            interloper.upsert(_rows([1], "a", ts=5))
+            monkeypatch.setattr(Transaction, "begin", begin_then_interfere)
+        return transaction
+
+    monkeypatch.setattr(Transaction, "begin", begin_then_interfere)
+    retrying = LocalWriter(table, _options(table, **{"hoodie.write.num.retries.on.conflict.failures": "1"}))
+    committed = retrying.upsert(_rows([1], "a", ts=9))
+    assert len(began) == 2 and began[0] != began[1] == committed.requested_time
+    assert read.snapshot(table).to_pylist() == [{"id": 1, "p": "a", "ts": 9, "v": "a1"}]
