@@ -17,6 +17,7 @@ Contract, on every backend:
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 import uuid
@@ -111,7 +112,7 @@ class Storage:
         """Create ``path`` with ``data`` unless it exists. True if this call created it."""
         raise StorageError(f"{type(self.fs).__name__} offers no atomic create; cowrite cannot use {self.uri}")
 
-    def list(self, directory: str = "") -> list[FileInfo]:
+    def list(self, directory: str = "") -> builtins.list[FileInfo]:
         """Files directly inside ``directory`` (not sub-directories); empty if it does not exist."""
         try:
             entries = self._call(directory, lambda: self.fs.ls(self.full_path(directory), detail=True))
@@ -119,7 +120,7 @@ class Storage:
             return []
         return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
 
-    def list_dirs(self, directory: str = "") -> list[str]:
+    def list_dirs(self, directory: str = "") -> builtins.list[str]:
         """Relative paths of the sub-directories directly inside ``directory``."""
         try:
             entries = self._call(directory, lambda: self.fs.ls(self.full_path(directory), detail=True))
@@ -127,7 +128,7 @@ class Storage:
             return []
         return [self.relative(e["name"]) for e in entries if e["type"] == "directory"]
 
-    def walk_files(self, directory: str = "") -> list[FileInfo]:
+    def walk_files(self, directory: str = "") -> builtins.list[FileInfo]:
         """All files below ``directory``, recursively."""
         try:
             found = self._call(directory, lambda: self.fs.find(self.full_path(directory), detail=True))
@@ -150,12 +151,15 @@ class Storage:
     @contextmanager
     def open_output(self, path: str) -> Iterator[IO[bytes]]:
         """A binary stream that writes ``path`` (for parquet writers)."""
-        self.fs.makedirs(self.full_path(path).rsplit("/", 1)[0], exist_ok=True)
-        with self._call(path, lambda: self.fs.open(self.full_path(path), "wb")) as stream:
-            yield stream
+        try:
+            self.fs.makedirs(self.full_path(path).rsplit("/", 1)[0], exist_ok=True)
+            with self.fs.open(self.full_path(path), "wb") as stream:
+                yield stream
+        except _BACKEND_ERRORS as exc:
+            raise StorageError(f"storage failed writing {self.full_path(path)}: {exc}") from exc
 
     def open_input(self, path: str) -> IO[bytes]:
-        return self._call(path, lambda: self.fs.open(self.full_path(path), "rb"))  # type: ignore[no-any-return]
+        return self._call(path, lambda: self.fs.open(self.full_path(path), "rb"))
 
     # -- helpers ---------------------------------------------------------------------------------
     def _info(self, entry: dict[str, Any]) -> FileInfo:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..timeline.fs_view import FileSystemView
+from ..timeline.instant import check_time
 from ..timeline.table import Table
 from ..timeline.timeline import InstantRange
 from .file_group import read_base_file
@@ -46,6 +47,8 @@ def snapshot(
     with_meta: bool = False,
 ) -> pa.Table:
     """All visible records (as of a requested instant time, for time travel)."""
+    if as_of is not None:
+        check_time(as_of)
     view = FileSystemView.build(table, as_of=as_of, partitions=partitions)
     return _finish(_concat(_read(table, (b.path for b in view.latest_base_files()))), with_meta, columns)
 

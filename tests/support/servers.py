@@ -1,0 +1,248 @@
+"""Real servers for tests, each on 127.0.0.1 on a free port: moto's S3 server and a ZooKeeper server.
+
+Both are context managers; leaving the ``with`` block stops the server and removes what it left on disk.
+A missing prerequisite raises :class:`RuntimeError` saying how to install it: tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+_HOST = "127.0.0.1"
+
+# Any key works against moto; these only have to be consistent between clients.
+_ACCESS_KEY = "cowrite-test"
+_SECRET_KEY = "cowrite-test-secret"
+_REGION = "us-east-1"
+
+
+class _Serialised:
+    """A WSGI app that handles one request at a time.
+
+    Moto checks ``If-None-Match: *`` and then stores the object as two steps, so two concurrent conditional
+    PUTs can both succeed; real S3 decides them atomically. Serialising requests restores the guarantee the
+    storage contract relies on.
+    """
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        with self._lock:
+            response = self._app(environ, start_response)
+            try:
+                return list(response)
+            finally:
+                close = getattr(response, "close", None)
+                if close is not None:
+                    close()
+
+
+class S3Server:
+    """Moto's S3 server in a thread of this process, with one bucket."""
+
+    def __init__(self, bucket: str = "cowrite-test") -> None:
+        self.bucket = bucket
+        self.endpoint_url = ""
+        # Port 0: the OS picks a free port when the server binds, so there is no race for it.
+        self._moto = ThreadedMotoServer(ip_address=_HOST, port=0, verbose=False)
+
+    def start(self) -> S3Server:
+        # Werkzeug logs every request to stderr, which buries the output of a failing test.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self._moto.start()
+        # The server object exists only once started; wrap its app before any request arrives.
+        server = self._moto._server
+        assert server is not None
+        server.app = _Serialised(server.app)
+        host, port = self._moto.get_host_and_port()
+        self.endpoint_url = f"http://{host}:{port}"
+        self.create_bucket(self.bucket)
+        return self
+
+    def stop(self) -> None:
+        self._moto.stop()
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def storage_options(self) -> dict[str, Any]:
+        """Options for ``fsspec.filesystem("s3", ...)`` / ``Storage.for_uri``."""
+        return {
+            "key": _ACCESS_KEY,
+            "secret": _SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": _REGION},
+        }
+
+    def env(self) -> dict[str, str]:
+        """AWS variables that point a subprocess (boto3, s3fs, the cowrite CLI) at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": _ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": _SECRET_KEY,
+            "AWS_DEFAULT_REGION": _REGION,
+        }
+
+    def create_bucket(self, name: str) -> None:
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=_ACCESS_KEY,
+            aws_secret_access_key=_SECRET_KEY,
+            region_name=_REGION,
+        )
+        client.create_bucket(Bucket=name)
+        client.close()
+
+
+# Debian's zookeeper.jar names its dependencies (jute, netty, metrics, ...) in its manifest Class-Path;
+# slf4j-nop silences logging, which would otherwise go nowhere useful with a warning per start.
+_ZOOKEEPER_JARS = ("zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-nop.jar")
+_JAVA_DIR = Path("/usr/share/java")
+_INSTALL_HINT = "run `apt-get install zookeeper` (it brings java and the jars in /usr/share/java)"
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper server (Debian's ``zookeeper`` package) in a child process."""
+
+    def __init__(self, start_timeout: float = 30.0) -> None:
+        self.start_timeout = start_timeout
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+
+    @property
+    def hosts(self) -> str:
+        return f"{_HOST}:{self.port}"
+
+    @staticmethod
+    def classpath() -> str:
+        jars = [_JAVA_DIR / jar for jar in _ZOOKEEPER_JARS]
+        missing = [str(jar) for jar in jars if not jar.is_file()]
+        if missing:
+            raise RuntimeError(f"ZooKeeper jars missing ({', '.join(missing)}); {_INSTALL_HINT}")
+        return os.pathsep.join(str(jar) for jar in jars)
+
+    def start(self) -> ZooKeeperServer:
+        java = shutil.which("java")
+        if java is None:
+            raise RuntimeError(f"no `java` on PATH; {_INSTALL_HINT}")
+        classpath = self.classpath()
+        self._dir = Path(tempfile.mkdtemp(prefix="cowrite-zk-"))
+        # ZooKeeper cannot report a port it chose itself, so pick one and retry if another process took it.
+        errors = []
+        for _ in range(3):
+            self.port = _free_port()
+            config = self._write_config()
+            with open(self._dir / "server.log", "wb") as log:
+                self._process = subprocess.Popen(
+                    [java, "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            try:
+                self._wait_ready()
+                return self
+            except RuntimeError as exc:
+                errors.append(str(exc))
+                self._stop_process()
+        self.stop()
+        raise RuntimeError("ZooKeeper did not start:\n" + "\n".join(errors))
+
+    def _write_config(self) -> Path:
+        assert self._dir is not None
+        data = self._dir / "data"
+        data.mkdir(exist_ok=True)
+        config = self._dir / "zoo.cfg"
+        config.write_text(
+            "\n".join(
+                [
+                    "tickTime=500",
+                    f"dataDir={data}",
+                    f"clientPort={self.port}",
+                    f"clientPortAddress={_HOST}",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=*",
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def _wait_ready(self) -> None:
+        """Poll ``srvr`` until the server says its mode: ``ruok`` answers before it serves sessions."""
+        assert self._process is not None and self._dir is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                log = (self._dir / "server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"exited with {self._process.returncode} on port {self.port}:\n{log}")
+            if "Mode:" in self.four_letter_word("srvr"):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"not ready on port {self.port} after {self.start_timeout} s")
+
+    def four_letter_word(self, command: str) -> str:
+        """The server's answer to a four-letter command, or "" if it does not answer."""
+        try:
+            with socket.create_connection((_HOST, self.port), timeout=2) as conn:
+                conn.sendall(command.encode())
+                chunks = []
+                while chunk := conn.recv(4096):
+                    chunks.append(chunk)
+                return b"".join(chunks).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _stop_process(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+        self._process = None
+
+    def stop(self) -> None:
+        self._stop_process()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((_HOST, 0))
+        return int(probe.getsockname()[1])

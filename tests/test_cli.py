@@ -1,0 +1,126 @@
+"""The ``cowrite`` command as operators use it: real processes, local paths and s3:// paths."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.servers import S3Server
+
+
+def cowrite(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cowrite", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def jsonl(result: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
+    assert result.returncode == 0, result.stderr
+    return sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda r: str(r["id"]))
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with open(folder / "first.csv", "w", newline="") as stream:
+        out = csv.writer(stream)
+        out.writerow(["id", "region", "version", "amount"])
+        out.writerows([[1, "eu", 1, 10], [2, "eu", 1, 20], [3, "us", 1, 30]])
+    (folder / "update.jsonl").write_text(
+        '{"id": 1, "region": "eu", "version": 2, "amount": 11}\n{"id": 4, "region": "us", "version": 1, "amount": 40}\n'
+    )
+    pq.write_table(pa.table({"id": [2], "region": ["eu"]}), folder / "delete.parquet")
+    return folder
+
+
+def _round_trip(table: str, inputs: Path, env: dict[str, str] | None = None) -> None:
+    made = cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field",
+                   "version", env=env)
+    assert made.returncode == 0, made.stderr
+    assert cowrite("write", table, "--input", str(inputs / "first.csv"), "--operation", "insert",
+                   env=env).returncode == 0
+    first = jsonl_lines(cowrite("timeline", table, "--json", env=env))
+    assert cowrite("write", table, "--input", str(inputs / "update.jsonl"), env=env).returncode == 0
+    assert cowrite("write", table, "--input", str(inputs / "delete.parquet"), "--operation", "delete",
+                   env=env).returncode == 0
+    assert jsonl(cowrite("read", table, env=env)) == [
+        {"id": 1, "region": "eu", "version": 2, "amount": 11},
+        {"id": 3, "region": "us", "version": 1, "amount": 30},
+        {"id": 4, "region": "us", "version": 1, "amount": 40},
+    ]
+    assert jsonl(cowrite("read", table, "--as-of", str(first[0]["requested_time"]), env=env)) == [
+        {"id": 1, "region": "eu", "version": 1, "amount": 10},
+        {"id": 2, "region": "eu", "version": 1, "amount": 20},
+        {"id": 3, "region": "us", "version": 1, "amount": 30},
+    ]
+    assert jsonl(cowrite("read", table, "--since", str(first[0]["completion_time"]), env=env)) == [
+        {"id": 1, "region": "eu", "version": 2, "amount": 11},
+        {"id": 4, "region": "us", "version": 1, "amount": 40},
+    ]
+    states = [(i["action"], i["state"]) for i in jsonl_lines(cowrite("timeline", table, "--json", env=env))]
+    assert states == [("commit", "COMPLETED")] * 3
+
+
+def jsonl_lines(result: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_round_trip_on_local_disk(tmp_path: Path, inputs: Path) -> None:
+    _round_trip(str(tmp_path / "orders"), inputs)
+
+
+def test_round_trip_on_s3_with_aws_environment(s3_server: S3Server, inputs: Path) -> None:
+    _round_trip(f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}", inputs, env=s3_server.env())
+
+
+def test_output_formats_and_meta_columns(tmp_path: Path, inputs: Path) -> None:
+    table = str(tmp_path / "orders")
+    cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--hive-style")
+    cowrite("write", table, "--input", str(inputs / "first.csv"), "--operation", "insert")
+    as_csv = cowrite("read", table, "--format", "csv")
+    assert sorted(as_csv.stdout.splitlines()[1:]) == ['1,"eu",1,10', '2,"eu",1,20', '3,"us",1,30']
+    out = tmp_path / "out.parquet"
+    assert cowrite("read", table, "--format", "parquet", "--output", str(out), "--with-meta").returncode == 0
+    rows = pq.read_table(out).sort_by("id").to_pylist()
+    assert [(r["_hoodie_record_key"], r["_hoodie_partition_path"]) for r in rows] == [
+        ("1", "region=eu"), ("2", "region=eu"), ("3", "region=us")
+    ]
+
+
+def test_directory_input_mixes_formats(tmp_path: Path, inputs: Path) -> None:
+    table = str(tmp_path / "orders")
+    cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field", "version")
+    (inputs / "delete.parquet").unlink()
+    assert cowrite("write", table, "--input", str(inputs), "--operation", "upsert").returncode == 0
+    assert [r["id"] for r in jsonl(cowrite("read", table))] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["read", "{missing}"], "is not a cowrite/Hudi table"),
+        (["write", "{table}", "--input", "{inputs}/nothing.csv"], "does not exist"),
+        (["write", "{table}", "--input", "{inputs}/delete.parquet", "--operation", "upsert"], "ordering column"),
+        (["write", "{table}", "--input", "{inputs}/first.csv", "-o", "hoodie.write.lock.provider=etcd"],
+         "unknown lock provider"),
+        (["read", "{table}", "--as-of", "yesterday"], "is not an instant time"),
+        (["init", "{table}", "--record-key", "id"], "already exists"),
+    ],
+)
+def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path, inputs: Path, args: list[str], message: str) -> None:
+    table = str(tmp_path / "orders")
+    cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field", "version")
+    before = sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*"))
+    result = cowrite(*(a.format(missing=tmp_path / "nope", table=table, inputs=inputs) for a in args))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("cowrite: ") and message in result.stderr
+    assert sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*")) == before

@@ -1,0 +1,182 @@
+"""The storage contract (see ``cowrite.timeline.storage``), one body run against local, memory and S3."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cowrite.timeline.errors import StorageError
+from cowrite.timeline.storage import Storage
+
+RACERS = 8
+RACE_TIMEOUT = 60.0
+
+
+def test_read_returns_what_write_wrote(storage: Storage) -> None:
+    storage.write("a/b/file.bin", b"\x00payload\xff")
+    assert storage.read("a/b/file.bin") == b"\x00payload\xff"
+
+
+def test_write_replaces_the_whole_file(storage: Storage) -> None:
+    storage.write("file", b"a long first version")
+    storage.write("file", b"short")
+    assert storage.read("file") == b"short"
+    assert storage.stat("file").size == len(b"short")
+
+
+def test_read_and_stat_of_a_missing_file_raise_file_not_found(storage: Storage) -> None:
+    with pytest.raises(FileNotFoundError):
+        storage.read("missing")
+    with pytest.raises(FileNotFoundError):
+        storage.stat("missing")
+    assert not storage.exists("missing")
+
+
+def test_delete_removes_and_tolerates_a_missing_file(storage: Storage) -> None:
+    storage.write("file", b"x")
+    storage.delete("file")
+    assert not storage.exists("file")
+    storage.delete("file")
+    storage.delete("never/existed")
+
+
+def test_list_gives_direct_files_with_sizes(storage: Storage) -> None:
+    storage.write("dir/one", b"1")
+    storage.write("dir/two", b"22")
+    storage.write("dir/sub/three", b"333")
+    listed = {info.path: info.size for info in storage.list("dir")}
+    assert listed == {"dir/one": 1, "dir/two": 2}
+    assert {info.name for info in storage.list("dir")} == {"one", "two"}
+
+
+def test_list_of_a_missing_directory_is_empty(storage: Storage) -> None:
+    assert storage.list("missing") == []
+    assert storage.list_dirs("missing") == []
+    assert storage.walk_files("missing") == []
+
+
+def test_list_dirs_gives_direct_sub_directories(storage: Storage) -> None:
+    storage.write("top/file", b"x")
+    storage.write("top/left/file", b"x")
+    storage.write("top/right/deeper/file", b"x")
+    assert sorted(storage.list_dirs("top")) == ["top/left", "top/right"]
+    assert storage.list_dirs("") == ["top"]
+
+
+def test_walk_files_is_recursive(storage: Storage) -> None:
+    storage.write("top/file", b"1")
+    storage.write("top/left/file", b"22")
+    storage.write("top/right/deeper/file", b"333")
+    storage.write("elsewhere", b"x")
+    walked = {info.path: info.size for info in storage.walk_files("top")}
+    assert walked == {"top/file": 1, "top/left/file": 2, "top/right/deeper/file": 3}
+    assert len(storage.walk_files()) == 4
+
+
+def test_stat_gives_size_and_modification_time(storage: Storage) -> None:
+    before = time.time()
+    storage.write("dir/file", b"12345")
+    info = storage.stat("dir/file")
+    assert (info.path, info.name, info.size) == ("dir/file", "file", 5)
+    # S3 keeps whole seconds; moto runs on this machine's clock.
+    assert before - 2 <= info.modified <= time.time() + 2
+
+
+def test_create_if_absent_creates_once_and_keeps_the_first_content(storage: Storage) -> None:
+    assert storage.create_if_absent("dir/instant", b"first") is True
+    assert storage.create_if_absent("dir/instant", b"second") is False
+    assert storage.read("dir/instant") == b"first"
+    assert [info.path for info in storage.list("dir")] == ["dir/instant"]
+
+
+def test_open_output_writes_a_binary_stream(storage: Storage) -> None:
+    with storage.open_output("data/part-0.parquet") as stream:
+        stream.write(b"PAR1")
+        stream.write(b"\x00" * 10_000)
+    assert storage.read("data/part-0.parquet") == b"PAR1" + b"\x00" * 10_000
+    with storage.open_input("data/part-0.parquet") as stream:
+        assert stream.read(4) == b"PAR1"
+
+
+def _race(uri: str, options: dict[str, Any], path: str, payload: bytes, barrier: Any) -> bool:
+    storage = Storage.for_uri(uri, **options)
+    storage.exists(path)  # connect before the start line, so the creates really overlap
+    barrier.wait(timeout=RACE_TIMEOUT)
+    return storage.create_if_absent(path, payload)
+
+
+def _race_in_process(
+    uri: str, options: dict[str, Any], path: str, payload: bytes, barrier: Any, results: Any
+) -> None:
+    results.put((payload, _race(uri, options, path, payload, barrier)))
+
+
+@pytest.mark.slow
+def test_create_if_absent_has_exactly_one_winner_among_racers(
+    storage: Storage, storage_uri: str, storage_options: dict[str, Any]
+) -> None:
+    path = "race/20240101000000000.commit"
+    payloads = [f"writer-{i}".encode() for i in range(RACERS)]
+    outcomes: list[tuple[bytes, bool]] = []
+    if storage_uri.startswith("memory://"):
+        # A memory file system lives inside one process, so its racers can only be threads.
+        thread_barrier = threading.Barrier(RACERS)
+        lock = threading.Lock()
+
+        def run(payload: bytes) -> None:
+            won = _race(storage_uri, storage_options, path, payload, thread_barrier)
+            with lock:
+                outcomes.append((payload, won))
+
+        threads = [threading.Thread(target=run, args=(p,)) for p in payloads]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(RACE_TIMEOUT)
+    else:
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(RACERS)
+        results = context.Queue()
+        processes = [
+            context.Process(
+                target=_race_in_process, args=(storage_uri, storage_options, path, p, barrier, results)
+            )
+            for p in payloads
+        ]
+        for process in processes:
+            process.start()
+        outcomes = [results.get(timeout=RACE_TIMEOUT) for _ in processes]
+        for process in processes:
+            process.join(RACE_TIMEOUT)
+        assert [process.exitcode for process in processes] == [0] * RACERS
+
+    assert len(outcomes) == RACERS
+    winners = [payload for payload, won in outcomes if won]
+    assert len(winners) == 1
+    assert storage.read(path) == winners[0]
+
+
+def test_an_unreachable_s3_endpoint_raises_storage_error_naming_the_path() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens there
+    storage = Storage.for_uri(
+        "s3://bucket/table",
+        key="unused",
+        secret="unused",
+        client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+        config_kwargs={"connect_timeout": 1, "retries": {"max_attempts": 1}},
+    )
+    started = time.monotonic()
+    with pytest.raises(StorageError, match="bucket/table/.hoodie/hoodie.properties"):
+        storage.read(".hoodie/hoodie.properties")
+    with pytest.raises(StorageError, match="bucket/table/.hoodie/x.commit"):
+        storage.create_if_absent(".hoodie/x.commit", b"{}")
+    with pytest.raises(StorageError, match="bucket/table/.hoodie"):
+        storage.list(".hoodie")
+    assert time.monotonic() - started < 15
