@@ -10,7 +10,7 @@ empty, so every base file written must appear here.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,15 +158,18 @@ class CommitMetadata:
     def from_bytes(cls, data: bytes, path: str) -> CommitMetadata:
         """Parse a commit file; raises :class:`CorruptTimelineError` naming ``path``."""
         try:
-            records: Iterator[Any] = fastavro.reader(io.BytesIO(data))
-            record = next(records)
+            # reading every block makes fastavro check the sync markers: a cut file does not pass
+            records = list(fastavro.reader(io.BytesIO(data)))
+            if len(records) != 1:
+                raise CorruptTimelineError(path, f"expected one commit record, found {len(records)}")
+            record: Any = records[0]
             stats = tuple(
                 WriteStat.from_avro(partition, stat)
                 for partition, partition_stats in (record.get("partitionToWriteStats") or {}).items()
                 for stat in partition_stats
             )
-        except StopIteration:
-            raise CorruptTimelineError(path, "the Avro file holds no commit record") from None
+        except CorruptTimelineError:
+            raise
         except Exception as exc:  # fastavro raises many kinds on garbage; all mean the same here
             raise CorruptTimelineError(path, f"not a readable Avro commit record ({exc})") from None
         extra = dict(record.get("extraMetadata") or {})

@@ -18,18 +18,20 @@ import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from .errors import CowriteError
+
 TIME_FORMAT = "%Y%m%d%H%M%S"
 _TIME = re.compile(r"\d{17}")
 
 
-class InvalidInstantError(ValueError):
+class InvalidInstantError(CowriteError, ValueError):
     """A string is not an instant time or an instant file name."""
 
 
 def from_millis(millis: int) -> str:
     """The instant time of a moment given in milliseconds since the epoch (UTC)."""
-    moment = datetime.fromtimestamp(millis / 1000, tz=UTC)
-    return f"{moment.strftime(TIME_FORMAT)}{millis % 1000:03d}"
+    moment = datetime.fromtimestamp(millis // 1000, tz=UTC)
+    return f"{moment.year:04d}{moment.strftime('%m%d%H%M%S')}{millis % 1000:03d}"
 
 
 def to_millis(time: str) -> int:

@@ -173,6 +173,8 @@ class Storage:
             return operation()
         except (FileNotFoundError, FileExistsError):
             raise
+        except NotADirectoryError as exc:  # a path through a file: nothing exists there
+            raise FileNotFoundError(str(exc)) from exc
         except _BACKEND_ERRORS as exc:
             raise StorageError(f"storage failed on {self.full_path(path)}: {exc}") from exc
 

@@ -144,6 +144,9 @@ class Table:
                 )
             if not self.record_key_fields:
                 raise InvalidTablePropertiesError(f"{path} has no {keys.RECORD_KEY_FIELDS.key}")
+            for name in self.config.raw():  # a bad value fails now, not halfway through a write
+                if name in keys.REGISTRY:
+                    self.config.get(keys.REGISTRY[name])
         except ConfigError as exc:
             raise InvalidTablePropertiesError(f"{path}: {exc}") from None
 

@@ -28,7 +28,6 @@ from .commit_metadata import CommitMetadata
 from .config import Config
 from .conflict import Candidate, ConflictStrategy, strategy_named
 from .errors import (
-    CommitFailedError,
     CommitStateUnknownError,
     CowriteError,
     LeaseLostError,
@@ -150,7 +149,11 @@ class Transaction:
                 completed = self._publish(metadata)
             finally:
                 self._release_lock()
-        except CommitFailedError:
+        except CommitStateUnknownError:
+            self.heartbeat.stop(delete=False)
+            raise
+        except BaseException:
+            # nothing was published: whatever went wrong, the write definitely did not commit
             self.abort()
             raise
         self.heartbeat.stop(delete=True)

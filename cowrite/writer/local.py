@@ -98,6 +98,8 @@ class LocalWriter:
         missing = [f for f in table.ordering_fields if f not in data.column_names]
         if missing and operation is not Operation.DELETE:
             raise SchemaError(f"{source} has no ordering column {', '.join(missing)}")
+        if operation is not Operation.DELETE:
+            avro_schema(data.schema, table.name)  # unsupported column types fail before anything is written
         prepared = data.append_column(RECORD_KEY, key_column).append_column(PARTITION_PATH, paths)
         if operation in (Operation.UPSERT, Operation.INSERT_OVERWRITE, Operation.DELETE):
             ordering = () if operation is Operation.DELETE else table.ordering_fields
@@ -159,7 +161,7 @@ class LocalWriter:
             deleted_keys = None
             if operation is Operation.DELETE:
                 deleted_keys = rows_in_group.column(RECORD_KEY).combine_chunks()
-                rows_in_group = rows_in_group.slice(0, 0)
+                rows_in_group = rows_in_group.select([RECORD_KEY, PARTITION_PATH]).slice(0, 0)
             stats.append(
                 write_file_group(
                     table.storage, work, instant, rows_in_group,

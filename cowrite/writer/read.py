@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..timeline.fs_view import FileSystemView
+from ..timeline.fs_view import FileSystemView, replaced_file_groups
 from ..timeline.instant import check_time
 from ..timeline.table import Table
 from ..timeline.timeline import InstantRange
@@ -69,6 +69,8 @@ def incremental(
             key = (stat.partition_path, stat.file_id)
             if key not in newest or newest[key][0] < instant.requested_time:
                 newest[key] = (instant.requested_time, stat.path)
+    for group in replaced_file_groups(table, commits):  # as Hudi's readers: replaced within the range
+        newest.pop(group, None)
     wanted = pa.array(sorted({i.requested_time for i in commits}), pa.string())
     parts = [
         part.filter(pc.is_in(part.column(COMMIT_TIME), value_set=wanted))
