@@ -232,6 +232,47 @@ def timeline(path: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("path")
+@click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. heartbeat tolerance.")
+def rollback(path: str, options: Sequence[str]) -> None:
+    """Roll back the failed writes of the table at PATH (pending, heartbeat expired) once."""
+    from .cleaner import rollback_failed, service_lock
+    from .timeline.heartbeat import HeartbeatPolicy
+
+    try:
+        table = _with_settings(Table.load(path), options)
+        done = rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config))
+    except CowriteError as exc:
+        _fail(exc)
+    for item in done:
+        click.echo(f"rolled back {item.target}: deleted {len(item.deleted)} files ({item.rollback.file_name})")
+    if not done:
+        click.echo("no failed writes to roll back")
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--retain", type=int, help="Commits to retain (default: hoodie.cleaner.commits.retained, 10).")
+@click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
+def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
+    """Delete file versions that the last N commits no longer need, once."""
+    from .cleaner import clean as run_clean
+    from .cleaner import service_lock
+
+    try:
+        table = _with_settings(Table.load(path), options)
+        retained = retain if retain is not None else table.config.get(keys.CLEANER_COMMITS_RETAINED)
+        done = run_clean(table, service_lock(table), retained)
+    except CowriteError as exc:
+        _fail(exc)
+    click.echo(f"deleted {len(done.deleted)} files ({done.clean.file_name})" if done else "nothing to clean")
+
+
+def _with_settings(table: Table, options: Sequence[str]) -> Table:
+    return Table(table.storage, table.config.with_values(_options(options)))
+
+
+@cli.command()
 @click.option("--path", help="Where to create the demo table (default: a new temporary directory).")
 def demo(path: str | None) -> None:
     """Show concurrent writers, a conflict, a killed writer and incremental reads on a local table."""

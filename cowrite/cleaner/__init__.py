@@ -1,1 +1,16 @@
-"""cleaner"""
+"""Table services that delete files: lazy rollback of failed writes and cleaning of old file versions."""
+
+from ..timeline.heartbeat import HeartbeatPolicy
+from ..timeline.locks import LockHolder, TableLock, lock_for
+from ..timeline.table import Table
+from .clean import Cleaned, clean, plan_clean
+from .rollback import RolledBack, rollback_failed
+
+
+def service_lock(table: Table, owner: str = "") -> TableLock:
+    """The table lock as the table's configuration names it, for a service that holds no instant."""
+    holder = LockHolder(owner=owner) if owner else LockHolder()
+    return lock_for(table.storage, table.config, holder, HeartbeatPolicy.from_config(table.config), table.name)
+
+
+__all__ = ["Cleaned", "RolledBack", "clean", "plan_clean", "rollback_failed", "service_lock"]

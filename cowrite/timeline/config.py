@@ -186,3 +186,9 @@ CONFLICT_STRATEGY = ConfigKey(
     "How concurrent instants conflict: file-group (overlapping file groups) or a dotted path to a "
     "callable; Hudi's SimpleConcurrentFileWritesConflictResolutionStrategy means file-group.",
 )
+
+# -- table services ------------------------------------------------------------------------------------
+CLEANER_COMMITS_RETAINED = ConfigKey(
+    "hoodie.cleaner.commits.retained", 10, int,
+    "Cleaning keeps every file version the last N data commits (and time travel to them) need.",
+)

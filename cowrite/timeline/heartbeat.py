@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import config as keys
+from .config import Config
 from .errors import CowriteError, LeaseLostError
 from .storage import Storage
 
@@ -33,6 +35,15 @@ class HeartbeatPolicy:
     interval: float = 60.0  # seconds
     tolerable_misses: int = 2
     safety_margin: float | None = None  # seconds; None = one interval
+
+    @classmethod
+    def from_config(cls, config: Config) -> HeartbeatPolicy:
+        margin = config.get(keys.LEASE_SAFETY_MARGIN_MS)
+        return cls(
+            interval=config.get(keys.HEARTBEAT_INTERVAL_MS) / 1000,
+            tolerable_misses=config.get(keys.HEARTBEAT_TOLERABLE_MISSES),
+            safety_margin=None if margin < 0 else margin / 1000,
+        )
 
     @property
     def tolerance(self) -> float:

@@ -31,7 +31,8 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .instant import Action, Instant, State
+from .instant import Action, Instant, State, from_millis, to_millis
+from .service_metadata import RollbackPlan
 from .storage import Storage
 from .timeline import TIMELINE_DIR, Timeline
 
@@ -188,6 +189,32 @@ class Table:
         """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
         return _read_commit_metadata(self.storage, self.instant_path(instant))
 
+    def claim_instant(self, timeline: Timeline, action: Action, now_millis: int, plan: bytes = b"") -> Instant:
+        """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
+
+        Test-and-set: the file is created only if absent, so two claimants never share a time; taking
+        the time after the timeline's newest instant keeps times unique and ordered whatever the
+        claimants' clocks (callers hold the table lock, so ``timeline`` is current).
+        """
+        millis = max(now_millis, max((to_millis(i.requested_time) for i in timeline), default=0) + 1)
+        while True:
+            instant = Instant(from_millis(millis), action, State.REQUESTED)
+            if self.storage.create_if_absent(self.instant_path(instant), plan):
+                return instant
+            millis += 1
+
+    @staticmethod
+    def completion_time(timeline: Timeline, requested_time: str, now_millis: int) -> str:
+        """A completion time after the instant's own request and every earlier completion."""
+        latest = timeline.latest_completion_time
+        floor = max(to_millis(requested_time), to_millis(latest) if latest else 0)
+        return from_millis(max(now_millis, floor + 1))
+
+    def rollback_plan(self, rollback: Instant) -> RollbackPlan:
+        """The plan a rollback instant recorded in its ``.requested`` file."""
+        path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
+        return _read_rollback_plan(self.storage, path)
+
     def service_plan(self, instant: Instant) -> CommitMetadata | None:
         """The plan of a pending table service (clustering), which counts as touching its file groups.
 
@@ -220,3 +247,8 @@ def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
             "meanwhile?); reload and retry"
         ) from None
     return CommitMetadata.from_bytes(data, storage.full_path(path))
+
+
+@lru_cache(maxsize=1024)
+def _read_rollback_plan(storage: Storage, path: str) -> RollbackPlan:
+    return RollbackPlan.from_bytes(storage.read(path), storage.full_path(path))

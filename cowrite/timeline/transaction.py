@@ -35,7 +35,7 @@ from .errors import (
     WriteConflictError,
 )
 from .heartbeat import Heartbeat, HeartbeatPolicy
-from .instant import Action, Instant, State, from_millis, to_millis
+from .instant import Action, Instant, State
 from .locks import LockHolder, TableLock, lock_for
 from .table import Table
 from .timeline import Timeline
@@ -54,12 +54,7 @@ class WriteOptions:
 
     @property
     def heartbeat_policy(self) -> HeartbeatPolicy:
-        margin = self.config.get(keys.LEASE_SAFETY_MARGIN_MS)
-        return HeartbeatPolicy(
-            interval=self.config.get(keys.HEARTBEAT_INTERVAL_MS) / 1000,
-            tolerable_misses=self.config.get(keys.HEARTBEAT_TOLERABLE_MISSES),
-            safety_margin=None if margin < 0 else margin / 1000,
-        )
+        return HeartbeatPolicy.from_config(self.config)
 
 
 class Transaction:
@@ -93,7 +88,7 @@ class Transaction:
         self.lock.acquire()
         try:
             timeline = self.table.timeline()
-            requested = self._claim_instant_time(timeline)
+            requested = self.table.claim_instant(timeline, self.action, int(self.options.clock() * 1000))
             self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
             self.instant = requested
             self.begin_timeline = timeline
@@ -103,16 +98,6 @@ class Transaction:
         finally:
             self._release_lock()
         log.debug("began %s on %s", requested, self.table)
-
-    def _claim_instant_time(self, timeline: Timeline) -> Instant:
-        """A new ``.requested`` instant, later than every instant the timeline shows, whatever our clock."""
-        last = max((to_millis(i.requested_time) for i in timeline), default=0)
-        millis = max(int(self.options.clock() * 1000), last + 1)
-        while True:
-            instant = Instant(from_millis(millis), self.action, State.REQUESTED)
-            if self.table.storage.create_if_absent(self.table.instant_path(instant), b""):
-                return instant
-            millis += 1  # someone took this one (a writer without our lock, or a retried create)
 
     @property
     def instant_time(self) -> str:
@@ -169,10 +154,16 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
                 f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
             )
+        if any(self.table.rollback_plan(r).target == self.instant_time
+               for r in timeline.filter(actions=[Action.ROLLBACK]) if r.requested_time > self.instant_time):
+            raise LeaseLostError(
+                f"instant {self.instant_time} of table {self.table.name} was judged failed and is being rolled "
+                "back (its heartbeat expired); not publishing"
+            )
         self._check_conflicts(metadata, timeline)
         self.heartbeat.check()
         self.lock.check_held()
-        completion = self._completion_time(timeline)
+        completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
         try:
             created = self.table.storage.create_if_absent(
@@ -204,11 +195,6 @@ class Transaction:
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
             )
-
-    def _completion_time(self, timeline: Timeline) -> str:
-        latest = timeline.latest_completion_time
-        floor = max(to_millis(self.instant_time), to_millis(latest) if latest else 0)
-        return from_millis(max(int(self.options.clock() * 1000), floor + 1))
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""

@@ -1,0 +1,94 @@
+"""Cleaning old file versions: keep what the last N commits need (Hudi's KEEP_LATEST_COMMITS).
+
+With ``E`` the earliest requested time among the last N completed data commits, a base file is removable
+when a newer base file of its file group was written at or before ``E`` (no retained commit, and no time
+travel to one, can see it), and every file of a file group that a replacecommit requested at or before
+``E`` replaced. The latest file of a live file group, files of pending instants, and anything a retained
+commit wrote are never touched.
+
+The plan is recorded in ``<t>.clean.requested`` before deleting, so a crashed clean is finished by the
+next run; deleting only superseded files never makes garbage visible to a reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from ..timeline.fs_view import BaseFile, list_base_files, replaced_file_groups
+from ..timeline.instant import Action, Instant, State
+from ..timeline.locks import TableLock
+from ..timeline.service_metadata import CleanPlan, CleanResult
+from ..timeline.table import Table
+from ..timeline.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    clean: Instant
+    deleted: tuple[str, ...]
+
+
+def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> CleanPlan | None:
+    """What may be deleted now; None when there is nothing to clean."""
+    commits = timeline.data_commits().in_completion_order()
+    if len(commits) <= commits_retained:
+        return None
+    earliest = min(i.requested_time for i in commits[-commits_retained:]) if commits_retained else max(
+        i.requested_time for i in commits
+    )
+    completed = {i.requested_time for i in commits}
+    first = timeline.first.requested_time if timeline.first else ""
+    gone = replaced_file_groups(table, [i for i in commits if i.requested_time <= earliest])
+
+    groups: dict[tuple[str, str], list[BaseFile]] = {}
+    for base in list_base_files(table):
+        # files of a completed commit, or older than the timeline (archived, hence committed)
+        if base.instant_time in completed or base.instant_time < first:
+            groups.setdefault((base.partition, base.file_id), []).append(base)
+    doomed = []
+    for key, files in groups.items():
+        files.sort(key=lambda b: b.instant_time)
+        if key in gone:
+            doomed.extend(files)
+            continue
+        for older, newer in zip(files, files[1:]):
+            if newer.instant_time <= earliest:
+                doomed.append(older)
+    if not doomed:
+        return None
+    return CleanPlan(earliest, tuple(sorted(b.path for b in doomed)))
+
+
+def clean(table: Table, lock: TableLock, commits_retained: int, now: float | None = None) -> Cleaned | None:
+    """Finish an interrupted clean, or plan and run a new one. Returns what was deleted."""
+    now = time.time() if now is None else now
+    with lock:
+        timeline = table.timeline()
+        pending = list(timeline.pending().filter(actions=[Action.CLEAN]))
+        if pending:
+            instant = pending[0]
+            path = table.instant_path(Instant(instant.requested_time, Action.CLEAN, State.REQUESTED))
+            plan = CleanPlan.from_bytes(table.storage.read(path), table.storage.full_path(path))
+        else:
+            new_plan = plan_clean(table, timeline, commits_retained)
+            if new_plan is None:
+                return None
+            plan = new_plan
+            instant = table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes())
+    started = time.monotonic()
+    for path in plan.files:
+        table.storage.delete(path)
+    result = CleanResult(instant.requested_time, int((time.monotonic() - started) * 1000), plan.earliest_retained,
+                         plan.files)
+    with lock:
+        timeline = table.timeline()
+        done = instant.transition(
+            State.COMPLETED, table.completion_time(timeline, instant.requested_time, int(now * 1000))
+        )
+        table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
+    log.info("cleaned %s: deleted %d files, retaining from %s", table, len(plan.files), plan.earliest_retained)
+    return Cleaned(done, plan.files)

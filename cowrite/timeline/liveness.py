@@ -1,0 +1,51 @@
+"""Which pending instants belong to writers that are gone.
+
+A pending commit or replacecommit is *failed* once its newest sign of life is older than the heartbeat
+tolerance (interval x tolerable misses). The sign of life is its heartbeat file; an instant without one
+(its writer died before the first renewal, or aborted) is judged by its newest timeline file. All ages
+are measured against the storage's modification times, so every judge uses the same clock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .heartbeat import HeartbeatPolicy, heartbeat_age
+from .instant import Action, Instant, State
+from .table import Table
+from .timeline import Timeline
+
+WRITER_ACTIONS = (Action.COMMIT, Action.REPLACE_COMMIT)
+
+
+@dataclass(frozen=True)
+class PendingInstant:
+    instant: Instant
+    heartbeat_age: float | None  # seconds; None when the instant has no heartbeat file
+    idle: float  # seconds since its newest sign of life
+    failed: bool
+
+
+def judge(table: Table, instant: Instant, policy: HeartbeatPolicy, now: float | None = None) -> PendingInstant:
+    now = time.time() if now is None else now
+    age = heartbeat_age(table.storage, instant.requested_time, now)
+    idle = age
+    if idle is None:
+        ages = []
+        for state in (State.REQUESTED, State.INFLIGHT):
+            try:
+                modified = table.storage.stat(table.instant_path(Instant(instant.requested_time, instant.action, state)))
+            except FileNotFoundError:
+                continue
+            ages.append(max(0.0, now - modified.modified))
+        idle = min(ages) if ages else 0.0
+    return PendingInstant(instant, age, idle, idle > policy.tolerance)
+
+
+def pending_writers(
+    table: Table, timeline: Timeline, policy: HeartbeatPolicy, now: float | None = None
+) -> list[PendingInstant]:
+    """Every pending commit/replacecommit with its liveness."""
+    return [judge(table, i, policy, now) for i in timeline.pending().filter(actions=WRITER_ACTIONS)]
+
