@@ -74,7 +74,11 @@ def read_input(path: str, input_format: str | None) -> pa.Table:
     source = Path(path)
     if not source.exists():
         raise SchemaError(f"input {path} does not exist")
-    files = sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))) if source.is_dir() else [source]
+    files = (
+        sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        if source.is_dir()
+        else [source]
+    )
     if not files:
         raise SchemaError(f"input directory {path} holds no files")
     kinds = {".parquet": "parquet", ".csv": "csv", ".json": "jsonl", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -103,14 +107,25 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("path")
-@click.option("--record-key", multiple=True, required=True, help="Record key field(s), comma-separated or repeated.")
+@click.option(
+    "--record-key", multiple=True, required=True, help="Record key field(s), comma-separated or repeated."
+)
 @click.option("--partition-field", multiple=True, help="Partition field(s), comma-separated or repeated.")
-@click.option("--ordering-field", multiple=True, help="Field deciding between versions of a key (larger wins).")
+@click.option(
+    "--ordering-field", multiple=True, help="Field deciding between versions of a key (larger wins)."
+)
 @click.option("--name", help="Table name (default: the last part of PATH).")
 @click.option("--hive-style/--no-hive-style", default=False, help="Partition directories named field=value.")
 @click.option("--option", "-o", "options", multiple=True, help="Extra table property KEY=VALUE (repeatable).")
-def init(path: str, record_key: Sequence[str], partition_field: Sequence[str], ordering_field: Sequence[str],
-         name: str | None, hive_style: bool, options: Sequence[str]) -> None:
+def init(
+    path: str,
+    record_key: Sequence[str],
+    partition_field: Sequence[str],
+    ordering_field: Sequence[str],
+    name: str | None,
+    hive_style: bool,
+    options: Sequence[str],
+) -> None:
     """Create an empty table at PATH (local or s3://)."""
     try:
         table = Table.create(
@@ -131,13 +146,26 @@ def init(path: str, record_key: Sequence[str], partition_field: Sequence[str], o
 @click.argument("path")
 @click.option("--input", "input_path", required=True, help="Parquet, CSV or JSON Lines file, or a directory.")
 @click.option("--input-format", type=click.Choice(["parquet", "csv", "jsonl"]), help="Override detection.")
-@click.option("--operation", type=click.Choice(["insert", "upsert", "delete", "insert_overwrite"]),
-              default="upsert", show_default=True)
-@click.option("--lock-provider", type=click.Choice(["filesystem", "zookeeper", "in-process"]),
-              help="Table lock (default: the table's hoodie.write.lock.provider, else filesystem).")
+@click.option(
+    "--operation",
+    type=click.Choice(["insert", "upsert", "delete", "insert_overwrite"]),
+    default="upsert",
+    show_default=True,
+)
+@click.option(
+    "--lock-provider",
+    type=click.Choice(["filesystem", "zookeeper", "in-process"]),
+    help="Table lock (default: the table's hoodie.write.lock.provider, else filesystem).",
+)
 @click.option("--option", "-o", "options", multiple=True, help="Write setting KEY=VALUE (repeatable).")
-def write(path: str, input_path: str, input_format: str | None, operation: str,
-          lock_provider: str | None, options: Sequence[str]) -> None:
+def write(
+    path: str,
+    input_path: str,
+    input_format: str | None,
+    operation: str,
+    lock_provider: str | None,
+    options: Sequence[str],
+) -> None:
     """Write records into the table at PATH as one commit."""
     from .writer.local import LocalWriter
 
@@ -151,8 +179,10 @@ def write(path: str, input_path: str, input_format: str | None, operation: str,
         instant = writer.write(data, operation, source=input_path)
     except CowriteError as exc:
         _fail(exc)
-    click.echo(f"committed {instant.requested_time} ({operation}, {data.num_rows} records), "
-               f"completed at {instant.completion_time}")
+    click.echo(
+        f"committed {instant.requested_time} ({operation}, {data.num_rows} records), "
+        f"completed at {instant.completion_time}"
+    )
 
 
 @cli.command()
@@ -160,12 +190,24 @@ def write(path: str, input_path: str, input_format: str | None, operation: str,
 @click.option("--as-of", help="Time travel: the table as of this requested instant time.")
 @click.option("--since", help="Incremental: records of commits completed after this completion time.")
 @click.option("--until", help="Incremental: ... and at or before this completion time.")
-@click.option("--format", "output_format", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl",
-              show_default=True)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["jsonl", "csv", "parquet"]),
+    default="jsonl",
+    show_default=True,
+)
 @click.option("--output", help="Write here instead of stdout (required for parquet).")
 @click.option("--with-meta", is_flag=True, help="Include the _hoodie_* meta columns.")
-def read(path: str, as_of: str | None, since: str | None, until: str | None, output_format: str,
-         output: str | None, with_meta: bool) -> None:
+def read(
+    path: str,
+    as_of: str | None,
+    since: str | None,
+    until: str | None,
+    output_format: str,
+    output: str | None,
+    with_meta: bool,
+) -> None:
     """Read the table at PATH: snapshot, time travel or incremental."""
     from .writer import read as readers
 
@@ -218,17 +260,23 @@ def timeline(path: str, as_json: bool) -> None:
         _fail(exc)
     if as_json:
         for instant in instants:
-            click.echo(json.dumps({
-                "requested_time": instant.requested_time,
-                "action": instant.action.value,
-                "state": instant.state.name,
-                "completion_time": instant.completion_time,
-            }))
+            click.echo(
+                json.dumps(
+                    {
+                        "requested_time": instant.requested_time,
+                        "action": instant.action.value,
+                        "state": instant.state.name,
+                        "completion_time": instant.completion_time,
+                    }
+                )
+            )
         return
     click.echo(f"table {table.name} at {table.uri}: {len(instants)} instants")
     for instant in instants:
-        click.echo(f"{instant.requested_time}  {instant.action.value:<14} {instant.state.name:<10} "
-                   f"{instant.completion_time or ''}")
+        click.echo(
+            f"{instant.requested_time}  {instant.action.value:<14} {instant.state.name:<10} "
+            f"{instant.completion_time or ''}"
+        )
 
 
 @cli.command()
@@ -245,7 +293,9 @@ def rollback(path: str, options: Sequence[str]) -> None:
     except CowriteError as exc:
         _fail(exc)
     for item in done:
-        click.echo(f"rolled back {item.target}: deleted {len(item.deleted)} files ({item.rollback.file_name})")
+        click.echo(
+            f"rolled back {item.target}: deleted {len(item.deleted)} files ({item.rollback.file_name})"
+        )
     if not done:
         click.echo("no failed writes to roll back")
 

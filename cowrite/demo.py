@@ -53,10 +53,17 @@ def slow_write(pause: float, *args: str) -> None:
 
 def _start_write(table: str, batch: str, pause: float = 0.0) -> subprocess.Popen[str]:
     args = ["write", table, "--input", batch, "--operation", "upsert"]
-    command = [*_COWRITE, *args] if not pause else [
-        sys.executable, "-c", "import sys, cowrite.demo as d; d.slow_write(float(sys.argv[1]), *sys.argv[2:])",
-        str(pause), *args[1:],
-    ]
+    command = (
+        [*_COWRITE, *args]
+        if not pause
+        else [
+            sys.executable,
+            "-c",
+            "import sys, cowrite.demo as d; d.slow_write(float(sys.argv[1]), *sys.argv[2:])",
+            str(pause),
+            *args[1:],
+        ]
+    )
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -66,8 +73,22 @@ def run(path: str | None = None, say: Callable[[str], None] = print) -> None:
     if path and Path(path).exists():
         shutil.rmtree(path)
     say(f"== a table at {table_path}")
-    subprocess.run([*_COWRITE, "init", table_path, "--record-key", "id", "--partition-field", "region",
-                    "--ordering-field", "version", "--name", "orders"], check=True)
+    subprocess.run(
+        [
+            *_COWRITE,
+            "init",
+            table_path,
+            "--record-key",
+            "id",
+            "--partition-field",
+            "region",
+            "--ordering-field",
+            "version",
+            "--name",
+            "orders",
+        ],
+        check=True,
+    )
     table = Table.load(table_path)
 
     say("== two writers (ingestion into 'eu', backfill into 'us') commit at the same time")
@@ -83,8 +104,11 @@ def run(path: str | None = None, say: Callable[[str], None] = print) -> None:
     say("== two writers update the same file group: the first to commit wins, the other aborts")
     first = _start_write(table_path, _batch(work, "fix-a", _rows("eu", range(0, 5), 2)), pause=3.0)
     time.sleep(1.0)
-    second = subprocess.run([*_COWRITE, "write", table_path, "--input",
-                             _batch(work, "fix-b", _rows("eu", range(5, 10), 3))], capture_output=True, text=True)
+    second = subprocess.run(
+        [*_COWRITE, "write", table_path, "--input", _batch(work, "fix-b", _rows("eu", range(5, 10), 3))],
+        capture_output=True,
+        text=True,
+    )
     say(f"   fast writer exit {second.returncode}: {(second.stdout or second.stderr).strip()}")
     out, err = first.communicate()
     say(f"   slow writer exit {first.returncode} (3 = write conflict): {(out or err).strip()}")
@@ -104,8 +128,10 @@ def run(path: str | None = None, say: Callable[[str], None] = print) -> None:
 
     say("== an incremental reader that checkpoints by completion time")
     changes = read.incremental(table, since=checkpoint)
-    say(f"   since {checkpoint}: {changes.num_rows} changed records, ids "
-        f"{sorted(changes.column('id').to_pylist())}")
+    say(
+        f"   since {checkpoint}: {changes.num_rows} changed records, ids "
+        f"{sorted(changes.column('id').to_pylist())}"
+    )
     say(f"== the table now: {read.snapshot(table).num_rows} records; timeline:")
     for instant in table.timeline():
         say(f"   {instant.file_name}")

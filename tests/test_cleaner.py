@@ -29,13 +29,20 @@ POLICY = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"],
-                        ordering_fields=["ts"],
-                        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"})
+    return Table.create(
+        str(tmp_path / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+        ordering_fields=["ts"],
+        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"},
+    )
 
 
 def rows(ids: list[int], p: str = "a", ts: int = 1) -> pa.Table:
-    return pa.table({"id": ids, "p": [p] * len(ids), "ts": [ts] * len(ids), "v": [f"{p}{i}.{ts}" for i in ids]})
+    return pa.table(
+        {"id": ids, "p": [p] * len(ids), "ts": [ts] * len(ids), "v": [f"{p}{i}.{ts}" for i in ids]}
+    )
 
 
 def failed_write(table: Table, data: pa.Table) -> Transaction:
@@ -76,8 +83,10 @@ def test_rollback_deletes_exactly_the_failed_writes_files_and_evidence(table: Ta
     assert not table.storage.exists(f".hoodie/.heartbeat/{dead.instant_time}")
     timeline = table.timeline()
     assert timeline.get(dead.instant_time) is None
-    assert [(i.action, i.state) for i in timeline] == [(Action.COMMIT, State.COMPLETED),
-                                                       (Action.ROLLBACK, State.COMPLETED)]
+    assert [(i.action, i.state) for i in timeline] == [
+        (Action.COMMIT, State.COMPLETED),
+        (Action.ROLLBACK, State.COMPLETED),
+    ]
     assert snapshot(table) == before
     assert hudi_rs.snapshot(table.uri) == hudi_rs.rows(read.snapshot(table))
     assert rollback_failed(table, service_lock(table), POLICY, now=time.time() + 3) == []  # idempotent
@@ -115,7 +124,9 @@ def test_interrupted_rollback_resumes(table: Table) -> None:
     plan = table.rollback_plan(rollback)
     table.storage.delete(plan.files[0])  # it had deleted one file already
     done = rollback_failed(table, service_lock(table), POLICY, now=time.time() + 3)
-    assert [(d.rollback.requested_time, d.target) for d in done] == [(rollback.requested_time, dead.instant_time)]
+    assert [(d.rollback.requested_time, d.target) for d in done] == [
+        (rollback.requested_time, dead.instant_time)
+    ]
     assert [b.partition for b in list_base_files(table)] == ["a"]
     assert table.timeline().pending().requested_times == frozenset()
 
@@ -126,8 +137,15 @@ def test_a_killed_writer_process_is_rolled_back_by_the_command(table: Table, tmp
     batch.write_text('{"id": 7, "p": "z", "ts": 1, "v": "z7"}\n')
     fast = ["-o", "hoodie.client.heartbeat.interval_in_ms=200"]
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import sys, cowrite.demo as d; d.slow_write(600, *sys.argv[1:])",
-         table.uri, "--input", str(batch), *fast],
+        [
+            sys.executable,
+            "-c",
+            "import sys, cowrite.demo as d; d.slow_write(600, *sys.argv[1:])",
+            table.uri,
+            "--input",
+            str(batch),
+            *fast,
+        ],
     )
     deadline = time.time() + 60
     while not any(b.partition == "z" for b in list_base_files(table)):
@@ -136,8 +154,12 @@ def test_a_killed_writer_process_is_rolled_back_by_the_command(table: Table, tmp
     writer.send_signal(signal.SIGKILL)
     writer.wait()
     time.sleep(0.6)  # past 200 ms x 2 misses
-    result = subprocess.run([sys.executable, "-m", "cowrite", "rollback", table.uri, *fast],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "cowrite", "rollback", table.uri, *fast],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and result.stdout.startswith("rolled back "), result.stderr
     assert [b.partition for b in list_base_files(table)] == ["a"]
     assert snapshot(table) == [{"id": 1, "p": "a", "ts": 1, "v": "a1.1"}]
@@ -156,7 +178,9 @@ def test_clean_keeps_what_retained_commits_need(table: Table) -> None:
     assert done is not None
     # retained: upsert 4, overwrite 1, overwrite 2 -> the group's versions 1-3 go; the replaced group stays
     # (replaced by the last overwrite, which a time travel to overwrite 1 still needs)
-    assert sorted(done.deleted) == sorted(f for f in files if any(i.requested_time in f for i in instants[:3]))
+    assert sorted(done.deleted) == sorted(
+        f for f in files if any(i.requested_time in f for i in instants[:3])
+    )
     assert snapshot(table) == latest
     assert hudi_rs.snapshot(table.uri) == hudi_rs.rows(read.snapshot(table))
     assert [r["ts"] for r in read.snapshot(table, as_of=instants[3].requested_time).to_pylist()] == [4, 4]

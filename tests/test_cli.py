@@ -17,8 +17,13 @@ from support.servers import S3Server
 
 
 def cowrite(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cowrite", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cowrite", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def jsonl(result: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
@@ -35,22 +40,40 @@ def inputs(tmp_path: Path) -> Path:
         out.writerow(["id", "region", "version", "amount"])
         out.writerows([[1, "eu", 1, 10], [2, "eu", 1, 20], [3, "us", 1, 30]])
     (folder / "update.jsonl").write_text(
-        '{"id": 1, "region": "eu", "version": 2, "amount": 11}\n{"id": 4, "region": "us", "version": 1, "amount": 40}\n'
+        '{"id": 1, "region": "eu", "version": 2, "amount": 11}\n'
+        '{"id": 4, "region": "us", "version": 1, "amount": 40}\n'
     )
     pq.write_table(pa.table({"id": [2], "region": ["eu"]}), folder / "delete.parquet")
     return folder
 
 
 def _round_trip(table: str, inputs: Path, env: dict[str, str] | None = None) -> None:
-    made = cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field",
-                   "version", env=env)
+    made = cowrite(
+        "init",
+        table,
+        "--record-key",
+        "id",
+        "--partition-field",
+        "region",
+        "--ordering-field",
+        "version",
+        env=env,
+    )
     assert made.returncode == 0, made.stderr
-    assert cowrite("write", table, "--input", str(inputs / "first.csv"), "--operation", "insert",
-                   env=env).returncode == 0
+    assert (
+        cowrite(
+            "write", table, "--input", str(inputs / "first.csv"), "--operation", "insert", env=env
+        ).returncode
+        == 0
+    )
     first = jsonl_lines(cowrite("timeline", table, "--json", env=env))
     assert cowrite("write", table, "--input", str(inputs / "update.jsonl"), env=env).returncode == 0
-    assert cowrite("write", table, "--input", str(inputs / "delete.parquet"), "--operation", "delete",
-                   env=env).returncode == 0
+    assert (
+        cowrite(
+            "write", table, "--input", str(inputs / "delete.parquet"), "--operation", "delete", env=env
+        ).returncode
+        == 0
+    )
     assert jsonl(cowrite("read", table, env=env)) == [
         {"id": 1, "region": "eu", "version": 2, "amount": 11},
         {"id": 3, "region": "us", "version": 1, "amount": 30},
@@ -92,7 +115,9 @@ def test_output_formats_and_meta_columns(tmp_path: Path, inputs: Path) -> None:
     assert cowrite("read", table, "--format", "parquet", "--output", str(out), "--with-meta").returncode == 0
     rows = pq.read_table(out).sort_by("id").to_pylist()
     assert [(r["_hoodie_record_key"], r["_hoodie_partition_path"]) for r in rows] == [
-        ("1", "region=eu"), ("2", "region=eu"), ("3", "region=us")
+        ("1", "region=eu"),
+        ("2", "region=eu"),
+        ("3", "region=us"),
     ]
 
 
@@ -109,18 +134,27 @@ def test_directory_input_mixes_formats(tmp_path: Path, inputs: Path) -> None:
     [
         (["read", "{missing}"], "is not a cowrite/Hudi table"),
         (["write", "{table}", "--input", "{inputs}/nothing.csv"], "does not exist"),
-        (["write", "{table}", "--input", "{inputs}/delete.parquet", "--operation", "upsert"], "ordering column"),
-        (["write", "{table}", "--input", "{inputs}/first.csv", "-o", "hoodie.write.lock.provider=etcd"],
-         "unknown lock provider"),
+        (
+            ["write", "{table}", "--input", "{inputs}/delete.parquet", "--operation", "upsert"],
+            "ordering column",
+        ),
+        (
+            ["write", "{table}", "--input", "{inputs}/first.csv", "-o", "hoodie.write.lock.provider=etcd"],
+            "unknown lock provider",
+        ),
         (["read", "{table}", "--as-of", "yesterday"], "is not an instant time"),
         (["init", "{table}", "--record-key", "id"], "already exists"),
     ],
 )
-def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path, inputs: Path, args: list[str], message: str) -> None:
+def test_errors_are_one_line_and_exit_non_zero(
+    tmp_path: Path, inputs: Path, args: list[str], message: str
+) -> None:
     table = str(tmp_path / "orders")
     cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field", "version")
     before = sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*"))
     result = cowrite(*(a.format(missing=tmp_path / "nope", table=table, inputs=inputs) for a in args))
     assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("cowrite: ") and message in result.stderr
+    assert (
+        result.stderr.count("\n") == 1 and result.stderr.startswith("cowrite: ") and message in result.stderr
+    )
     assert sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*")) == before

@@ -31,8 +31,13 @@ def _options(table: Table, clock: object = time.time, **settings: str) -> WriteO
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"],
-                        ordering_fields=["ts"])
+    return Table.create(
+        str(tmp_path / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+        ordering_fields=["ts"],
+    )
 
 
 def _rows(ids: list[int], p: str, ts: int = 1) -> pa.Table:
@@ -68,7 +73,9 @@ def test_second_writer_of_a_file_group_conflicts_and_leaves_nothing(table: Table
     assert caught.value.instant == slow.instant_time
     assert caught.value.winner == list(winner)[-1].requested_time
     assert caught.value.file_groups == [f"a/{file_id}"]
-    assert table.timeline().get(slow.instant_time) == Instant(slow.instant_time, Action.COMMIT, State.INFLIGHT)
+    assert table.timeline().get(slow.instant_time) == Instant(
+        slow.instant_time, Action.COMMIT, State.INFLIGHT
+    )
 
 
 def test_disjoint_writers_both_commit(table: Table) -> None:
@@ -88,7 +95,9 @@ def test_instant_times_unique_and_completions_ordered_whatever_the_clocks(table:
         skew = next(skews)
         options = _options(table, clock=lambda skew=skew: now + skew)
         transaction = Transaction.begin(table, "insert", options=options)
-        committed.append(transaction.commit(CommitMetadata("insert", (_stat("p", f"g{n}", transaction.instant_time),))))
+        committed.append(
+            transaction.commit(CommitMetadata("insert", (_stat("p", f"g{n}", transaction.instant_time),)))
+        )
     requested = [i.requested_time for i in committed]
     completions = [i.completion_time for i in committed]
     assert len(set(requested)) == 9

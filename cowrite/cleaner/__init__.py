@@ -10,7 +10,9 @@ from .rollback import RolledBack, rollback_failed
 def service_lock(table: Table, owner: str = "") -> TableLock:
     """The table lock as the table's configuration names it, for a service that holds no instant."""
     holder = LockHolder(owner=owner) if owner else LockHolder()
-    return lock_for(table.storage, table.config, holder, HeartbeatPolicy.from_config(table.config), table.name)
+    return lock_for(
+        table.storage, table.config, holder, HeartbeatPolicy.from_config(table.config), table.name
+    )
 
 
 __all__ = ["Cleaned", "RolledBack", "clean", "plan_clean", "rollback_failed", "service_lock"]

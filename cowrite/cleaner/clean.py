@@ -37,8 +37,10 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
     commits = timeline.data_commits().in_completion_order()
     if len(commits) <= commits_retained:
         return None
-    earliest = min(i.requested_time for i in commits[-commits_retained:]) if commits_retained else max(
-        i.requested_time for i in commits
+    earliest = (
+        min(i.requested_time for i in commits[-commits_retained:])
+        if commits_retained
+        else max(i.requested_time for i in commits)
     )
     completed = {i.requested_time for i in commits}
     first = timeline.first.requested_time if timeline.first else ""
@@ -55,7 +57,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
         if key in gone:
             doomed.extend(files)
             continue
-        for older, newer in zip(files, files[1:]):
+        for older, newer in zip(files, files[1:], strict=False):
             if newer.instant_time <= earliest:
                 doomed.append(older)
     if not doomed:
@@ -82,13 +84,16 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
     started = time.monotonic()
     for path in plan.files:
         table.storage.delete(path)
-    result = CleanResult(instant.requested_time, int((time.monotonic() - started) * 1000), plan.earliest_retained,
-                         plan.files)
+    result = CleanResult(
+        instant.requested_time, int((time.monotonic() - started) * 1000), plan.earliest_retained, plan.files
+    )
     with lock:
         timeline = table.timeline()
         done = instant.transition(
             State.COMPLETED, table.completion_time(timeline, instant.requested_time, int(now * 1000))
         )
         table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
-    log.info("cleaned %s: deleted %d files, retaining from %s", table, len(plan.files), plan.earliest_retained)
+    log.info(
+        "cleaned %s: deleted %d files, retaining from %s", table, len(plan.files), plan.earliest_retained
+    )
     return Cleaned(done, plan.files)

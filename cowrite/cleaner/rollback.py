@@ -56,7 +56,9 @@ def _planned_files(table: Table, target: Instant) -> tuple[str, ...]:
         try:
             plan = CommitMetadata.from_bytes(data, table.storage.full_path(table.instant_path(pending)))
         except CorruptTimelineError as exc:
-            log.warning("unreadable plan of failed instant %s (%s); deleting no data files for it", target, exc)
+            log.warning(
+                "unreadable plan of failed instant %s (%s); deleting no data files for it", target, exc
+            )
             continue
         files.update(s.path for s in plan.write_stats)
         for partition in {s.partition_path for s in plan.write_stats}:
@@ -67,7 +69,9 @@ def _planned_files(table: Table, target: Instant) -> tuple[str, ...]:
     return tuple(sorted(files))
 
 
-def _start(table: Table, lock: TableLock, target: Instant, policy: HeartbeatPolicy, now: float) -> Instant | None:
+def _start(
+    table: Table, lock: TableLock, target: Instant, policy: HeartbeatPolicy, now: float
+) -> Instant | None:
     """Record the rollback plan for ``target`` if it is still failed; None if it is not."""
     with lock:
         timeline = table.timeline()
@@ -91,19 +95,24 @@ def _finish(table: Table, lock: TableLock, rollback: Instant, now: float) -> Rol
     action = Action(plan.target_action)
     for state in (State.INFLIGHT, State.REQUESTED):  # the evidence last
         table.storage.delete(table.instant_path(Instant(plan.target, action, state)))
-    result = RollbackResult(rollback.requested_time, int((time.monotonic() - started) * 1000), plan.target,
-                            plan.files)
+    result = RollbackResult(
+        rollback.requested_time, int((time.monotonic() - started) * 1000), plan.target, plan.files
+    )
     with lock:
         timeline = table.timeline()
-        done = rollback.transition(State.COMPLETED, table.completion_time(timeline, rollback.requested_time,
-                                                                          int(now * 1000)))
+        done = rollback.transition(
+            State.COMPLETED, table.completion_time(timeline, rollback.requested_time, int(now * 1000))
+        )
         table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
     log.info("rolled back %s: deleted %d files", plan.target, len(plan.files))
     return RolledBack(done, plan.target, plan.files)
 
 
 def rollback_failed(
-    table: Table, lock: TableLock, policy: HeartbeatPolicy, now: float | None = None,
+    table: Table,
+    lock: TableLock,
+    policy: HeartbeatPolicy,
+    now: float | None = None,
     timeline: Timeline | None = None,
 ) -> list[RolledBack]:
     """Finish interrupted rollbacks, then roll back every failed pending write. Returns what was done."""

@@ -61,21 +61,25 @@ TABLE_VERSION = ConfigKey("hoodie.table.version", 8, int, "Hudi table version; c
 TIMELINE_LAYOUT_VERSION = ConfigKey(
     "hoodie.timeline.layout.version", 2, int, "Timeline layout; 2 keeps instants in .hoodie/timeline/."
 )
-RECORD_KEY_FIELDS = ConfigKey(
+RECORD_KEY_FIELDS: ConfigKey[tuple[str, ...]] = ConfigKey(
     "hoodie.table.recordkey.fields", (), parse_list, "Comma-separated columns that identify a record."
 )
-PARTITION_FIELDS = ConfigKey(
+PARTITION_FIELDS: ConfigKey[tuple[str, ...]] = ConfigKey(
     "hoodie.table.partition.fields", (), parse_list, "Comma-separated partition columns; empty = none."
 )
-ORDERING_FIELDS = ConfigKey(
-    "hoodie.table.ordering.fields", (), parse_list,
+ORDERING_FIELDS: ConfigKey[tuple[str, ...]] = ConfigKey(
+    "hoodie.table.ordering.fields",
+    (),
+    parse_list,
     "Column deciding between two versions of a key: the larger value wins, a tie goes to the later write.",
 )
 PRECOMBINE_FIELD = ConfigKey(
     "hoodie.table.precombine.field", "", _str, "Older Hudi name of the ordering field, written for them."
 )
 HIVE_STYLE_PARTITIONING = ConfigKey(
-    "hoodie.datasource.write.hive_style_partitioning", False, parse_bool,
+    "hoodie.datasource.write.hive_style_partitioning",
+    False,
+    parse_bool,
     "Partition directories named field=value instead of value.",
 )
 BASE_FILE_FORMAT = ConfigKey("hoodie.table.base.file.format", "PARQUET", _str, "Only PARQUET.")
@@ -86,7 +90,9 @@ METADATA_ENABLE = ConfigKey(
     "hoodie.metadata.enable", False, parse_bool, "Hudi's metadata table; cowrite keeps it off."
 )
 KEY_GENERATOR_CLASS = ConfigKey(
-    "hoodie.table.keygenerator.class", "org.apache.hudi.keygen.ComplexAvroKeyGenerator", _str,
+    "hoodie.table.keygenerator.class",
+    "org.apache.hudi.keygen.ComplexAvroKeyGenerator",
+    _str,
     "Key generator named for Hudi's Java readers; keys are formatted like Hudi's complex key generator.",
 )
 TIMELINE_TIMEZONE = ConfigKey("hoodie.table.timeline.timezone", "UTC", _str, "Instant times are UTC.")
@@ -94,11 +100,15 @@ CREATE_SCHEMA = ConfigKey("hoodie.table.create.schema", "", _str, "Avro schema t
 
 # -- writing -----------------------------------------------------------------------------------------
 PARQUET_MAX_FILE_SIZE = ConfigKey(
-    "hoodie.parquet.max.file.size", 120 * 1024 * 1024, parse_positive_int,
+    "hoodie.parquet.max.file.size",
+    120 * 1024 * 1024,
+    parse_positive_int,
     "Target size of a base file in bytes; inserts go to a new file group past it.",
 )
 PARQUET_SMALL_FILE_LIMIT = ConfigKey(
-    "hoodie.parquet.small.file.limit", 100 * 1024 * 1024, int,
+    "hoodie.parquet.small.file.limit",
+    100 * 1024 * 1024,
+    int,
     "Base files smaller than this receive inserts before new file groups are opened (0 disables).",
 )
 PARQUET_COMPRESSION = ConfigKey(
@@ -135,9 +145,12 @@ class Config:
     def __contains__(self, key: object) -> bool:
         return (key.key if isinstance(key, ConfigKey) else key) in self._values
 
+
 # -- concurrency ---------------------------------------------------------------------------------------
 LOCK_PROVIDER = ConfigKey(
-    "hoodie.write.lock.provider", "filesystem", _str,
+    "hoodie.write.lock.provider",
+    "filesystem",
+    _str,
     "Table lock: filesystem (lock files under .hoodie/locks), zookeeper, or in-process; Hudi's class "
     "names of the same providers are accepted too.",
 )
@@ -145,7 +158,9 @@ LOCK_WAIT_MS = ConfigKey(
     "hoodie.write.lock.wait_time_ms", 60_000, int, "How long a writer waits for the table lock in total."
 )
 LOCK_RETRY_WAIT_MS = ConfigKey(
-    "hoodie.write.lock.wait_time_ms_between_retry", 10, int,
+    "hoodie.write.lock.wait_time_ms_between_retry",
+    10,
+    int,
     "First pause between two tries to take the lock; doubles up to the maximum, with jitter.",
 )
 LOCK_MAX_RETRY_WAIT_MS = ConfigKey(
@@ -166,29 +181,41 @@ ZK_CONNECTION_TIMEOUT_MS = ConfigKey(
     "hoodie.write.lock.zookeeper.connection_timeout_ms", 15_000, int, "ZooKeeper connection timeout."
 )
 HEARTBEAT_INTERVAL_MS = ConfigKey(
-    "hoodie.client.heartbeat.interval_in_ms", 60_000, parse_positive_int,
+    "hoodie.client.heartbeat.interval_in_ms",
+    60_000,
+    parse_positive_int,
     "How often a writer renews .hoodie/.heartbeat/<instant>.",
 )
 HEARTBEAT_TOLERABLE_MISSES = ConfigKey(
-    "hoodie.client.heartbeat.tolerable.misses", 2, parse_positive_int,
+    "hoodie.client.heartbeat.tolerable.misses",
+    2,
+    parse_positive_int,
     "A writer is failed when its heartbeat is older than interval x misses.",
 )
 LEASE_SAFETY_MARGIN_MS = ConfigKey(
-    "cowrite.lease.safety.margin.ms", -1, int,
+    "cowrite.lease.safety.margin.ms",
+    -1,
+    int,
     "A writer publishes only if its lease has at least this much time left; -1 = one heartbeat interval.",
 )
 RETRIES_ON_CONFLICT = ConfigKey(
-    "hoodie.write.num.retries.on.conflict.failures", 0, int,
+    "hoodie.write.num.retries.on.conflict.failures",
+    0,
+    int,
     "How often a write that lost a conflict is retried, each time as a new instant (0 = never).",
 )
 CONFLICT_STRATEGY = ConfigKey(
-    "hoodie.write.lock.conflict.resolution.strategy", "file-group", _str,
+    "hoodie.write.lock.conflict.resolution.strategy",
+    "file-group",
+    _str,
     "How concurrent instants conflict: file-group (overlapping file groups) or a dotted path to a "
     "callable; Hudi's SimpleConcurrentFileWritesConflictResolutionStrategy means file-group.",
 )
 
 # -- table services ------------------------------------------------------------------------------------
 CLEANER_COMMITS_RETAINED = ConfigKey(
-    "hoodie.cleaner.commits.retained", 10, int,
+    "hoodie.cleaner.commits.retained",
+    10,
+    int,
     "Cleaning keeps every file version the last N data commits (and time travel to them) need.",
 )

@@ -48,10 +48,8 @@ def file_group_overlap(mine: CommitMetadata, candidates: Sequence[Candidate]) ->
     return conflicts
 
 
-_HUDI_NAMES = {
-    "file-group": file_group_overlap,
-    "org.apache.hudi.client.transaction.SimpleConcurrentFileWritesConflictResolutionStrategy": file_group_overlap,
-}
+_HUDI_STRATEGY = "org.apache.hudi.client.transaction.SimpleConcurrentFileWritesConflictResolutionStrategy"
+_HUDI_NAMES = {"file-group": file_group_overlap, _HUDI_STRATEGY: file_group_overlap}
 
 
 def strategy_named(name: str) -> ConflictStrategy:
@@ -68,4 +66,4 @@ def strategy_named(name: str) -> ConflictStrategy:
         ) from None
     if not callable(found):
         raise ConfigError(f"conflict resolution strategy {name!r} is not callable")
-    return found  # type: ignore[no-any-return]
+    return found

@@ -27,7 +27,9 @@ class PendingInstant:
     failed: bool
 
 
-def judge(table: Table, instant: Instant, policy: HeartbeatPolicy, now: float | None = None) -> PendingInstant:
+def judge(
+    table: Table, instant: Instant, policy: HeartbeatPolicy, now: float | None = None
+) -> PendingInstant:
     now = time.time() if now is None else now
     age = heartbeat_age(table.storage, instant.requested_time, now)
     idle = age
@@ -35,7 +37,9 @@ def judge(table: Table, instant: Instant, policy: HeartbeatPolicy, now: float | 
         ages = []
         for state in (State.REQUESTED, State.INFLIGHT):
             try:
-                modified = table.storage.stat(table.instant_path(Instant(instant.requested_time, instant.action, state)))
+                modified = table.storage.stat(
+                    table.instant_path(Instant(instant.requested_time, instant.action, state))
+                )
             except FileNotFoundError:
                 continue
             ages.append(max(0.0, now - modified.modified))
@@ -48,4 +52,3 @@ def pending_writers(
 ) -> list[PendingInstant]:
     """Every pending commit/replacecommit with its liveness."""
     return [judge(table, i, policy, now) for i in timeline.pending().filter(actions=WRITER_ACTIONS)]
-

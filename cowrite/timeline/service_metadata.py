@@ -22,39 +22,61 @@ _STRINGS = {"type": "array", "items": "string"}
 
 def _record(name: str, fields: Sequence[tuple[str, Any]]) -> Any:
     return fastavro.parse_schema(
-        {"namespace": _NAMESPACE, "type": "record", "name": name,
-         "fields": [{"name": n, "type": t} for n, t in fields]}
+        {
+            "namespace": _NAMESPACE,
+            "type": "record",
+            "name": name,
+            "fields": [{"name": n, "type": t} for n, t in fields],
+        }
     )
 
 
-_ROLLBACK_PLAN = _record("HoodieRollbackPlan", [
-    ("instantToRollback", {"type": "record", "name": "HoodieInstantInfo",
-                           "fields": [{"name": "commitTime", "type": "string"}, {"name": "action", "type": "string"}]}),
-    ("filesToDelete", _STRINGS),
-    ("version", "int"),
-])
-_ROLLBACK_METADATA = _record("HoodieRollbackMetadata", [
-    ("startRollbackTime", "string"),
-    ("timeTakenInMillis", "long"),
-    ("totalFilesDeleted", "int"),
-    ("commitsRollback", _STRINGS),
-    ("deletedFiles", _STRINGS),
-    ("version", "int"),
-])
-_CLEAN_PLAN = _record("HoodieCleanerPlan", [
-    ("earliestInstantToRetain", "string"),
-    ("policy", "string"),
-    ("filesToDelete", _STRINGS),
-    ("version", "int"),
-])
-_CLEAN_METADATA = _record("HoodieCleanMetadata", [
-    ("startCleanTime", "string"),
-    ("timeTakenInMillis", "long"),
-    ("totalFilesDeleted", "int"),
-    ("earliestCommitToRetain", "string"),
-    ("deletedFiles", _STRINGS),
-    ("version", "int"),
-])
+_ROLLBACK_PLAN = _record(
+    "HoodieRollbackPlan",
+    [
+        (
+            "instantToRollback",
+            {
+                "type": "record",
+                "name": "HoodieInstantInfo",
+                "fields": [{"name": "commitTime", "type": "string"}, {"name": "action", "type": "string"}],
+            },
+        ),
+        ("filesToDelete", _STRINGS),
+        ("version", "int"),
+    ],
+)
+_ROLLBACK_METADATA = _record(
+    "HoodieRollbackMetadata",
+    [
+        ("startRollbackTime", "string"),
+        ("timeTakenInMillis", "long"),
+        ("totalFilesDeleted", "int"),
+        ("commitsRollback", _STRINGS),
+        ("deletedFiles", _STRINGS),
+        ("version", "int"),
+    ],
+)
+_CLEAN_PLAN = _record(
+    "HoodieCleanerPlan",
+    [
+        ("earliestInstantToRetain", "string"),
+        ("policy", "string"),
+        ("filesToDelete", _STRINGS),
+        ("version", "int"),
+    ],
+)
+_CLEAN_METADATA = _record(
+    "HoodieCleanMetadata",
+    [
+        ("startCleanTime", "string"),
+        ("timeTakenInMillis", "long"),
+        ("totalFilesDeleted", "int"),
+        ("earliestCommitToRetain", "string"),
+        ("deletedFiles", _STRINGS),
+        ("version", "int"),
+    ],
+)
 
 
 def _encode(schema: Any, record: dict[str, Any]) -> bytes:
@@ -87,17 +109,24 @@ class RollbackPlan:
     files: tuple[str, ...]  # relative paths of its data files
 
     def to_bytes(self) -> bytes:
-        return _encode(_ROLLBACK_PLAN, {
-            "instantToRollback": {"commitTime": self.target, "action": self.target_action},
-            "filesToDelete": list(self.files), "version": 1,
-        })
+        return _encode(
+            _ROLLBACK_PLAN,
+            {
+                "instantToRollback": {"commitTime": self.target, "action": self.target_action},
+                "filesToDelete": list(self.files),
+                "version": 1,
+            },
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> RollbackPlan:
         record = _decode(data, path)
         target = _field(record, "instantToRollback", dict, path)
-        return cls(_field(target, "commitTime", str, path), _field(target, "action", str, path),
-                   tuple(_field(record, "filesToDelete", list, path)))
+        return cls(
+            _field(target, "commitTime", str, path),
+            _field(target, "action", str, path),
+            tuple(_field(record, "filesToDelete", list, path)),
+        )
 
 
 @dataclass(frozen=True)
@@ -108,18 +137,28 @@ class RollbackResult:
     deleted: tuple[str, ...]
 
     def to_bytes(self) -> bytes:
-        return _encode(_ROLLBACK_METADATA, {
-            "startRollbackTime": self.started, "timeTakenInMillis": self.took_ms,
-            "totalFilesDeleted": len(self.deleted), "commitsRollback": [self.target],
-            "deletedFiles": list(self.deleted), "version": 1,
-        })
+        return _encode(
+            _ROLLBACK_METADATA,
+            {
+                "startRollbackTime": self.started,
+                "timeTakenInMillis": self.took_ms,
+                "totalFilesDeleted": len(self.deleted),
+                "commitsRollback": [self.target],
+                "deletedFiles": list(self.deleted),
+                "version": 1,
+            },
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> RollbackResult:
         record = _decode(data, path)
         targets = _field(record, "commitsRollback", list, path)
-        return cls(_field(record, "startRollbackTime", str, path), _field(record, "timeTakenInMillis", int, path),
-                   targets[0] if targets else "", tuple(_field(record, "deletedFiles", list, path)))
+        return cls(
+            _field(record, "startRollbackTime", str, path),
+            _field(record, "timeTakenInMillis", int, path),
+            targets[0] if targets else "",
+            tuple(_field(record, "deletedFiles", list, path)),
+        )
 
 
 @dataclass(frozen=True)
@@ -129,14 +168,24 @@ class CleanPlan:
     policy: str = "KEEP_LATEST_COMMITS"
 
     def to_bytes(self) -> bytes:
-        return _encode(_CLEAN_PLAN, {"earliestInstantToRetain": self.earliest_retained, "policy": self.policy,
-                                     "filesToDelete": list(self.files), "version": 1})
+        return _encode(
+            _CLEAN_PLAN,
+            {
+                "earliestInstantToRetain": self.earliest_retained,
+                "policy": self.policy,
+                "filesToDelete": list(self.files),
+                "version": 1,
+            },
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> CleanPlan:
         record = _decode(data, path)
-        return cls(_field(record, "earliestInstantToRetain", str, path),
-                   tuple(_field(record, "filesToDelete", list, path)), _field(record, "policy", str, path))
+        return cls(
+            _field(record, "earliestInstantToRetain", str, path),
+            tuple(_field(record, "filesToDelete", list, path)),
+            _field(record, "policy", str, path),
+        )
 
 
 @dataclass(frozen=True)
@@ -147,8 +196,14 @@ class CleanResult:
     deleted: tuple[str, ...]
 
     def to_bytes(self) -> bytes:
-        return _encode(_CLEAN_METADATA, {
-            "startCleanTime": self.started, "timeTakenInMillis": self.took_ms,
-            "totalFilesDeleted": len(self.deleted), "earliestCommitToRetain": self.earliest_retained,
-            "deletedFiles": list(self.deleted), "version": 1,
-        })
+        return _encode(
+            _CLEAN_METADATA,
+            {
+                "startCleanTime": self.started,
+                "timeTakenInMillis": self.took_ms,
+                "totalFilesDeleted": len(self.deleted),
+                "earliestCommitToRetain": self.earliest_retained,
+                "deletedFiles": list(self.deleted),
+                "version": 1,
+            },
+        )

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from jproperties import Properties  # type: ignore[import-untyped]
+from jproperties import Properties
 
 from . import config as keys
 from .commit_metadata import CommitMetadata
@@ -189,7 +189,9 @@ class Table:
         """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
         return _read_commit_metadata(self.storage, self.instant_path(instant))
 
-    def claim_instant(self, timeline: Timeline, action: Action, now_millis: int, plan: bytes = b"") -> Instant:
+    def claim_instant(
+        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes = b""
+    ) -> Instant:
         """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
 
         Test-and-set: the file is created only if absent, so two claimants never share a time; taking

@@ -101,7 +101,9 @@ class Timeline:
         return self._instants[0] if self._instants else None
 
     # -- views -----------------------------------------------------------------------------------
-    def filter(self, *, actions: Iterable[Action] | None = None, states: Iterable[State] | None = None) -> Timeline:
+    def filter(
+        self, *, actions: Iterable[Action] | None = None, states: Iterable[State] | None = None
+    ) -> Timeline:
         wanted_actions = set(actions) if actions is not None else None
         wanted_states = set(states) if states is not None else None
         return Timeline(

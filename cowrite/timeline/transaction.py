@@ -69,7 +69,9 @@ class Transaction:
         self.lock = options.lock or lock_for(
             table.storage, options.config, self.holder, options.heartbeat_policy, table.name
         )
-        self.strategy = options.conflict_strategy or strategy_named(options.config.get(keys.CONFLICT_STRATEGY))
+        self.strategy = options.conflict_strategy or strategy_named(
+            options.config.get(keys.CONFLICT_STRATEGY)
+        )
         self.instant: Instant | None = None
         self.begin_timeline = Timeline(())
         self.heartbeat: Heartbeat | None = None
@@ -154,11 +156,14 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
                 f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
             )
-        if any(self.table.rollback_plan(r).target == self.instant_time
-               for r in timeline.filter(actions=[Action.ROLLBACK]) if r.requested_time > self.instant_time):
+        if any(
+            self.table.rollback_plan(r).target == self.instant_time
+            for r in timeline.filter(actions=[Action.ROLLBACK])
+            if r.requested_time > self.instant_time
+        ):
             raise LeaseLostError(
-                f"instant {self.instant_time} of table {self.table.name} was judged failed and is being rolled "
-                "back (its heartbeat expired); not publishing"
+                f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
+                "rolled back (its heartbeat expired); not publishing"
             )
         self._check_conflicts(metadata, timeline)
         self.heartbeat.check()
@@ -215,4 +220,3 @@ class Transaction:
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
                     log.warning("could not delete %s after abort: %s", stat.path, exc)
         self._release_lock()
-

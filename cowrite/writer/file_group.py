@@ -16,7 +16,14 @@ import pyarrow.parquet as pq
 from ..timeline.commit_metadata import WriteStat
 from ..timeline.fs_view import BaseFile
 from ..timeline.storage import Storage
-from .records import COMMIT_SEQNO, COMMIT_TIME, FILE_NAME, META_COLUMNS, PARTITION_PATH, RECORD_KEY, latest_per_key
+from .records import (
+    COMMIT_SEQNO,
+    COMMIT_TIME,
+    FILE_NAME,
+    META_COLUMNS,
+    RECORD_KEY,
+    latest_per_key,
+)
 
 _INCOMING = "__cowrite_incoming"
 
@@ -75,8 +82,10 @@ def write_file_group(
         combined = stamped
     else:
         combined = pa.concat_tables(
-            [existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows)),
-             stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows))],
+            [
+                existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows)),
+                stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows)),
+            ],
             promote_options="permissive",
         )
         if work.merge:
@@ -110,11 +119,15 @@ def write_file_group(
 
 def _stamp(incoming: pa.Table, instant: str, file_name: str) -> pa.Table:
     """Incoming rows with the meta columns of this write (sequence numbers come at the end)."""
-    data = incoming.drop_columns([c for c in (COMMIT_TIME, COMMIT_SEQNO, FILE_NAME) if c in incoming.column_names])
+    data = incoming.drop_columns(
+        [c for c in (COMMIT_TIME, COMMIT_SEQNO, FILE_NAME) if c in incoming.column_names]
+    )
     rows = data.num_rows
-    return data.append_column(COMMIT_TIME, pa.repeat(pa.scalar(instant), rows)).append_column(
-        COMMIT_SEQNO, pa.nulls(rows, pa.string())
-    ).append_column(FILE_NAME, pa.repeat(pa.scalar(file_name), rows))
+    return (
+        data.append_column(COMMIT_TIME, pa.repeat(pa.scalar(instant), rows))
+        .append_column(COMMIT_SEQNO, pa.nulls(rows, pa.string()))
+        .append_column(FILE_NAME, pa.repeat(pa.scalar(file_name), rows))
+    )
 
 
 def _incoming_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:

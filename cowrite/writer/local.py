@@ -116,9 +116,13 @@ class LocalWriter:
             raise
         return transaction.commit(metadata)
 
-    def _write_files(self, transaction: Transaction, incoming: pa.Table, operation: Operation) -> CommitMetadata:
+    def _write_files(
+        self, transaction: Transaction, incoming: pa.Table, operation: Operation
+    ) -> CommitMetadata:
         table, instant = self.table, transaction.instant_time
-        known_partitions = [p for p in pc.unique(incoming.column(PARTITION_PATH)).to_pylist() if p is not None]
+        known_partitions = [
+            p for p in pc.unique(incoming.column(PARTITION_PATH)).to_pylist() if p is not None
+        ]
         lookup_all = operation is Operation.DELETE and incoming.column(PARTITION_PATH).null_count > 0
         view = FileSystemView.build(
             table, transaction.begin_timeline, partitions=None if lookup_all else known_partitions
@@ -157,16 +161,23 @@ class LocalWriter:
         for task, (bucket, work) in enumerate(zip(buckets, works, strict=True)):
             transaction.check_alive()
             rows = pa.chunked_array(bucket.rows, pa.uint64()) if bucket.rows else pa.array([], pa.uint64())
-            rows_in_group = tagged.take(rows).drop_columns([c for c in (FILE_ID,) if c in tagged.column_names])
+            rows_in_group = tagged.take(rows).drop_columns(
+                [c for c in (FILE_ID,) if c in tagged.column_names]
+            )
             deleted_keys = None
             if operation is Operation.DELETE:
                 deleted_keys = rows_in_group.column(RECORD_KEY).combine_chunks()
                 rows_in_group = rows_in_group.select([RECORD_KEY, PARTITION_PATH]).slice(0, 0)
             stats.append(
                 write_file_group(
-                    table.storage, work, instant, rows_in_group,
-                    deleted_keys=deleted_keys, ordering=table.ordering_fields,
-                    compression=table.config.get(keys.PARQUET_COMPRESSION), task=task,
+                    table.storage,
+                    work,
+                    instant,
+                    rows_in_group,
+                    deleted_keys=deleted_keys,
+                    ordering=table.ordering_fields,
+                    compression=table.config.get(keys.PARQUET_COMPRESSION),
+                    task=task,
                 )
             )
         return self._metadata(operation, stats, replaced, schema)

@@ -42,8 +42,13 @@ def index_keys(storage: Storage, base_files: Iterable[BaseFile]) -> pa.Table:
             )
         )
     if not parts:
-        return pa.table({RECORD_KEY: pa.array([], pa.string()), PARTITION_PATH: pa.array([], pa.string()),
-                         FILE_ID: pa.array([], pa.string())})
+        return pa.table(
+            {
+                RECORD_KEY: pa.array([], pa.string()),
+                PARTITION_PATH: pa.array([], pa.string()),
+                FILE_ID: pa.array([], pa.string()),
+            }
+        )
     return pa.concat_tables(parts)
 
 
@@ -103,7 +108,9 @@ def plan_buckets(tagged: pa.Table, view: FileSystemView, sizing: SizingPolicy) -
     """Group rows of ``tagged`` (with ``FILE_ID``) into file groups; new keys go through assign_inserts."""
     buckets: dict[tuple[str, str], Bucket] = {}
     partitions = tagged.column(PARTITION_PATH)
-    locations = tagged.column(FILE_ID) if FILE_ID in tagged.column_names else pa.nulls(tagged.num_rows, pa.string())
+    locations = (
+        tagged.column(FILE_ID) if FILE_ID in tagged.column_names else pa.nulls(tagged.num_rows, pa.string())
+    )
     known = pc.is_valid(locations)
     for partition in pc.unique(partitions).to_pylist():
         in_partition = pc.equal(partitions, partition)
@@ -126,7 +133,9 @@ def to_work(bucket: Bucket, instant: str, task: int, merge: bool) -> FileGroupWr
     return FileGroupWrite.create(bucket.partition, bucket.file_id, instant, f"{task}-0-1", bucket.base, merge)
 
 
-def estimate_record_bytes(view: FileSystemView, storage: Storage, incoming: pa.Table, partitions: Sequence[str]) -> float:
+def estimate_record_bytes(
+    view: FileSystemView, storage: Storage, incoming: pa.Table, partitions: Sequence[str]
+) -> float:
     """Bytes per record in a base file, from the existing files when there are any."""
     for partition in partitions:
         for group in view.in_partition(partition):

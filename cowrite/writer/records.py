@@ -69,10 +69,13 @@ def partition_paths(
         values = pc.fill_null(_as_strings(data.column(name), name), DEFAULT_PARTITION)
         parts.append(pc.binary_join_element_wise(f"{name}=", values, "") if hive_style else values)
     paths = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
-    if pc.any(pc.equal(pc.utf8_slice_codeunits(paths, 0, 9), "metadata/")).as_py() or pc.any(
-        pc.equal(paths, "metadata")
-    ).as_py():
-        raise SchemaError(f"{source}: a partition may not be named 'metadata' at the top level (Hudi reserves it)")
+    if (
+        pc.any(pc.equal(pc.utf8_slice_codeunits(paths, 0, 9), "metadata/")).as_py()
+        or pc.any(pc.equal(paths, "metadata")).as_py()
+    ):
+        raise SchemaError(
+            f"{source}: a partition may not be named 'metadata' at the top level (Hudi reserves it)"
+        )
     return paths
 
 

@@ -16,7 +16,11 @@ def _avro_type(field: pa.Field) -> Any:
     if pa.types.is_boolean(kind):
         avro: Any = "boolean"
     elif pa.types.is_integer(kind):
-        avro = "long" if kind.bit_width > 32 or (kind.bit_width == 32 and pa.types.is_unsigned_integer(kind)) else "int"
+        avro = (
+            "long"
+            if kind.bit_width > 32 or (kind.bit_width == 32 and pa.types.is_unsigned_integer(kind))
+            else "int"
+        )
     elif pa.types.is_float32(kind) or pa.types.is_float16(kind):
         avro = "float"
     elif pa.types.is_floating(kind):
@@ -28,7 +32,10 @@ def _avro_type(field: pa.Field) -> Any:
     elif pa.types.is_date(kind):
         avro = {"type": "int", "logicalType": "date"}
     elif pa.types.is_timestamp(kind):
-        avro = {"type": "long", "logicalType": "timestamp-millis" if kind.unit in ("s", "ms") else "timestamp-micros"}
+        avro = {
+            "type": "long",
+            "logicalType": "timestamp-millis" if kind.unit in ("s", "ms") else "timestamp-micros",
+        }
     elif pa.types.is_decimal(kind):
         avro = {"type": "bytes", "logicalType": "decimal", "precision": kind.precision, "scale": kind.scale}
     else:

@@ -125,4 +125,3 @@ class InProcessLock(TableLock):
     @property
     def is_held(self) -> bool:
         return self._held
-

@@ -158,7 +158,12 @@ def _expire(storage: Storage, lock_id: int, holder: LockHolder, reason: str, rea
         return False  # released or expired by someone else meanwhile
     log.warning(
         "expired table lock %d of %s on %s (owner %s, instant %s): %s",
-        lock_id, storage.uri, reaper, holder.owner, holder.instant, reason,
+        lock_id,
+        storage.uri,
+        reaper,
+        holder.owner,
+        holder.instant,
+        reason,
     )
     return True
 
@@ -314,7 +319,9 @@ class FileSystemLock(TableLock):
         if higher > candidate:
             log.warning(
                 "lock%d on %s was created from a stale view (lock%d exists); releasing it and retrying",
-                candidate, self.storage.uri, higher,
+                candidate,
+                self.storage.uri,
+                higher,
             )
             _write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
             return _Outcome.AGAIN
@@ -365,7 +372,10 @@ class FileSystemLock(TableLock):
         if not _write_release(self.storage, lock_id, self.holder.owner, ReleaseReason.RELEASED, self.now()):
             log.warning(
                 "table lock %d on %s of %s was already released: %s",
-                lock_id, self.storage.uri, self.holder.owner, _describe_release(self.storage, lock_id),
+                lock_id,
+                self.storage.uri,
+                self.holder.owner,
+                _describe_release(self.storage, lock_id),
             )
         self._id = None
 

@@ -1,0 +1,603 @@
+"""Table locks: one body per behaviour, run against every provider it applies to.
+
+Providers: the filesystem lock on local disk, memory and S3 (moto), ZooKeeper (a real server) and the
+in-process lock. Exclusion is proven with real processes where the provider spans processes; memory://
+and the in-process lock exist only inside one process, so there the contenders are threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lock_worker
+import pytest
+from kazoo.client import KazooClient
+from support.servers import ZooKeeperServer
+
+from cowrite.timeline import config as keys
+from cowrite.timeline.config import Config
+from cowrite.timeline.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.timeline.heartbeat import HeartbeatPolicy, heartbeat_path
+from cowrite.timeline.locks import InProcessLock, LockHolder, TableLock, lock_for
+from cowrite.timeline.locks.factory import zookeeper_hosts
+from cowrite.timeline.locks.filesystem import (
+    LOCK_DIR,
+    FileSystemLock,
+    acquired_path,
+    collect_garbage,
+    current_lock,
+    expire_stale_lock,
+    read_release,
+    released_path,
+)
+from cowrite.timeline.locks.zookeeper import ZooKeeperLock
+from cowrite.timeline.retry import RetryPolicy
+from cowrite.timeline.storage import Storage
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(lock_worker.__file__)
+
+# Long enough that no contender in an exclusion test expires a live holder.
+PATIENT = HeartbeatPolicy(interval=30.0, tolerable_misses=2)
+INSTANT = "20250101000000000"
+
+CONTENDERS = 4
+SECTIONS = 15
+
+PROVIDERS = [
+    pytest.param("filesystem", "local", id="filesystem-local"),
+    pytest.param("filesystem", "memory", id="filesystem-memory"),
+    pytest.param("filesystem", "s3", id="filesystem-s3"),
+    pytest.param("zookeeper", "local", id="zookeeper"),
+    pytest.param("in-process", "local", id="in-process"),
+]
+every_provider = pytest.mark.parametrize(("provider", "storage_uri"), PROVIDERS, indirect=["storage_uri"])
+
+
+def fast_retry(deadline: float = 30.0) -> RetryPolicy:
+    return RetryPolicy(delay=0.002, max_delay=0.02, deadline=deadline)
+
+
+@pytest.fixture
+def lock_config(provider: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """``hoodie.write.lock.*`` settings selecting ``provider``, with short pauses between tries."""
+    settings = {
+        keys.LOCK_PROVIDER.key: provider,
+        keys.LOCK_WAIT_MS.key: "30000",
+        keys.LOCK_RETRY_WAIT_MS.key: "2",
+        keys.LOCK_MAX_RETRY_WAIT_MS.key: "20",
+    }
+    if provider == "zookeeper":
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        settings.update(
+            {
+                # A host without a port, completed from the port key.
+                keys.ZK_URL.key: "127.0.0.1",
+                keys.ZK_PORT.key: str(server.port),
+                keys.ZK_BASE_PATH.key: "/cowrite-test/locks",
+                keys.ZK_LOCK_KEY.key: f"table-{uuid.uuid4().hex}",
+                keys.ZK_CONNECTION_TIMEOUT_MS.key: "10000",
+                keys.ZK_SESSION_TIMEOUT_MS.key: "10000",
+            }
+        )
+    return settings
+
+
+@pytest.fixture
+def make_lock(storage: Storage, lock_config: dict[str, str]) -> Iterator[Callable[[LockHolder], TableLock]]:
+    """Locks on one table from the factory; every lock made is released at the end of the test."""
+    made: list[TableLock] = []
+
+    def make(holder: LockHolder) -> TableLock:
+        lock = lock_for(storage, Config(lock_config), holder, PATIENT, "table")
+        made.append(lock)
+        return lock
+
+    yield make
+    for lock in made:
+        lock.release()
+
+
+def worker_env() -> dict[str, str]:
+    # cowrite is not installed into the virtualenv: the worker imports it from the checkout.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+# -- exclusion -------------------------------------------------------------------------------------
+
+
+@every_provider
+def test_contenders_never_overlap_and_lose_no_increment(
+    provider: str,
+    storage_uri: str,
+    storage_options: dict[str, Any],
+    lock_config: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    counter, log = tmp_path / "counter", tmp_path / "log"
+    counter.write_text("0")
+    log.write_text("")
+    spec = {
+        "uri": storage_uri,
+        "options": storage_options,
+        "config": lock_config,
+        "sections": SECTIONS,
+        "counter": str(counter),
+        "log": str(log),
+        # The filesystem lock's contenders also collect garbage, as a daemon would, racing the others:
+        # stale views happen for real, and S3 listings stay short.
+        "gc_keep": 2 if provider == "filesystem" else None,
+    }
+    if provider == "in-process" or storage_uri.startswith("memory://"):
+        # These locks (and memory://) live inside one process; threads are the only contenders they have.
+        failures: list[BaseException] = []
+
+        def contend() -> None:
+            try:
+                lock_worker.run_sections(spec)
+            except BaseException as exc:  # reported by the assertion below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=contend) for _ in range(CONTENDERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not failures
+    else:
+        processes = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), "sections", json.dumps(spec)],
+                env=worker_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(CONTENDERS)
+        ]
+        try:
+            errors = [process.communicate(timeout=60)[1].decode() for process in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait(timeout=10)
+        assert [process.returncode for process in processes] == [0] * CONTENDERS, errors
+
+    assert int(counter.read_text()) == CONTENDERS * SECTIONS
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 * CONTENDERS * SECTIONS
+    for enter, leave in zip(lines[::2], lines[1::2], strict=True):
+        assert enter.startswith("enter ") and leave == "exit " + enter.removeprefix("enter "), (enter, leave)
+    assert len({line.split()[1] for line in lines}) == CONTENDERS
+
+
+@every_provider
+def test_acquire_times_out_naming_the_holder(
+    provider: str, make_lock: Callable[[LockHolder], TableLock]
+) -> None:
+    holder = make_lock(LockHolder(owner="writer-a", instant=INSTANT))
+    holder.acquire(timeout=10)
+    contender = make_lock(LockHolder(owner="writer-b"))
+
+    with pytest.raises(LockTimeoutError) as raised:
+        contender.acquire(timeout=0.2)
+    assert "writer-a" in str(raised.value) and INSTANT in str(raised.value)
+    assert "retry" in str(raised.value)
+    assert not contender.is_held
+    holder.check_held()
+
+    holder.release()
+    contender.acquire(timeout=10)
+    contender.check_held()
+
+
+@every_provider
+def test_release_is_safe_twice_and_when_not_held(
+    provider: str, make_lock: Callable[[LockHolder], TableLock]
+) -> None:
+    lock = make_lock(LockHolder())
+    lock.release()
+    with pytest.raises(LeaseLostError):
+        lock.check_held()
+
+    with lock:
+        assert lock.is_held
+        lock.check_held()
+    assert not lock.is_held
+    lock.release()
+    lock.release()
+    with pytest.raises(LeaseLostError):
+        lock.check_held()
+
+    other = make_lock(LockHolder())
+    other.acquire(timeout=10)
+    other.release()
+
+
+# -- the filesystem lock ---------------------------------------------------------------------------
+
+
+def lock_ids(storage: Storage) -> list[str]:
+    return sorted((info.name for info in storage.list(LOCK_DIR)), key=lambda n: (int(n[4:].split(".")[0]), n))
+
+
+def fs_lock(
+    storage: Storage,
+    holder: LockHolder | None = None,
+    now: Callable[[], float] = time.time,
+    policy: HeartbeatPolicy = PATIENT,
+) -> FileSystemLock:
+    return FileSystemLock(storage, holder or LockHolder(), policy, fast_retry(), now=now)
+
+
+def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:
+    # Lexically "lock9" sorts after "lock10"; taking 9 for the highest would re-create lock10 forever.
+    for lock_id in (9, 10):
+        assert storage.create_if_absent(acquired_path(lock_id), LockHolder().to_bytes())
+        assert storage.create_if_absent(released_path(lock_id), b'{"owner": "x", "reason": "released"}')
+    lock = fs_lock(storage)
+    seen = []
+    for _ in range(3):
+        lock.acquire(timeout=5)
+        seen.append(lock.lock_id)
+        lock.release()
+        assert lock.lock_id is None
+    assert seen == [11, 12, 13]
+
+    assert collect_garbage(storage, keep=0) == 2 * 4
+    lock.acquire(timeout=5)
+    assert lock.lock_id == 14
+    assert lock_ids(storage) == ["lock13.acquired", "lock13.released", "lock14.acquired"]
+    current = current_lock(storage)
+    assert current is not None and current.lock_id == 14 and current.holder == lock.holder
+
+
+class Clock:
+    """Wall-clock time plus an offset the test moves forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+STALENESS = {
+    "heartbeat-stale": (INSTANT, True),  # holder works for an instant whose heartbeat stopped
+    "no-heartbeat": (INSTANT, False),  # instant without a heartbeat file: judged by the lock file's age
+    "no-instant": (None, False),  # holder taking an instant time: judged by the lock file's age
+}
+
+
+@pytest.mark.parametrize("scenario", list(STALENESS))
+def test_a_stale_holder_is_expired_and_learns_it(
+    storage: Storage, scenario: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    instant, beating = STALENESS[scenario]
+    if beating:
+        storage.write(heartbeat_path(INSTANT), b"{}")
+    clock = Clock()
+    old = fs_lock(storage, LockHolder(owner="old-writer", instant=instant), now=clock)
+    old.acquire(timeout=5)
+    contender = fs_lock(storage, LockHolder(owner="contender"), now=clock)
+
+    with pytest.raises(LockTimeoutError, match="old-writer"):
+        contender.acquire(timeout=0.05)
+
+    clock.offset = PATIENT.tolerance + 5
+    contender.acquire(timeout=5)
+    assert contender.lock_id == 2
+    contender.check_held()
+    release = read_release(storage, 1)
+    assert (release["owner"], release["reason"]) == ("contender", "expired")
+    with pytest.raises(LeaseLostError, match="expired by contender"):
+        old.check_held()
+
+    with caplog.at_level(logging.WARNING, logger="cowrite.timeline.locks.filesystem"):
+        old.release()
+    assert "already released" in caplog.text
+    assert not old.is_held
+    contender.check_held()
+    contender.release()
+
+
+def test_a_live_heartbeat_keeps_an_old_lock(tmp_path: Path) -> None:
+    storage = Storage.for_uri(str(tmp_path / "table"))
+    storage.write(heartbeat_path(INSTANT), b"{}")
+    holder = fs_lock(storage, LockHolder(owner="slow-writer", instant=INSTANT))
+    holder.acquire(timeout=5)
+    long_ago = time.time() - 10 * PATIENT.tolerance
+    os.utime(storage.full_path(acquired_path(1)), (long_ago, long_ago))
+
+    with pytest.raises(LockTimeoutError, match="slow-writer"):
+        fs_lock(storage).acquire(timeout=0.05)
+    assert expire_stale_lock(storage, PATIENT) is None
+    holder.check_held()
+
+
+def test_the_daemon_expires_only_stale_locks(storage: Storage) -> None:
+    clock = Clock()
+    assert expire_stale_lock(storage, PATIENT, now=clock) is None
+    holder = fs_lock(storage, LockHolder(owner="writer"))
+    holder.acquire(timeout=5)
+    assert expire_stale_lock(storage, PATIENT, now=clock) is None
+
+    clock.offset = PATIENT.tolerance + 5
+    assert expire_stale_lock(storage, PATIENT, now=clock, reaper="daemon-1") == 1
+    assert read_release(storage, 1)["owner"] == "daemon-1"
+    assert expire_stale_lock(storage, PATIENT, now=clock) is None
+    with pytest.raises(LeaseLostError, match="daemon-1"):
+        holder.check_held()
+
+
+def test_a_killed_holder_is_recovered_after_the_tolerance(tmp_path: Path) -> None:
+    uri = str(tmp_path / "table")
+    policy = HeartbeatPolicy(interval=0.2, tolerable_misses=2)
+    spec = {
+        "uri": uri,
+        "config": {keys.LOCK_PROVIDER.key: "filesystem"},
+        "heartbeat": [policy.interval, policy.tolerable_misses],
+        "instant": INSTANT,
+    }
+    process = subprocess.Popen(
+        [sys.executable, str(WORKER), "hold", json.dumps(spec)], env=worker_env(), stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().decode().strip() == "acquired 1"
+        storage = Storage.for_uri(uri)
+        contender = fs_lock(storage, LockHolder(owner="contender"), policy=policy)
+        with pytest.raises(LockTimeoutError, match=INSTANT):
+            contender.acquire(timeout=0.1)  # alive: its heartbeat is renewed every 0.2 s
+
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        killed = time.monotonic()
+        contender.acquire(timeout=10)
+        assert time.monotonic() - killed < policy.tolerance + 2
+        assert contender.lock_id == 2
+        assert read_release(storage, 1)["reason"] == "expired"
+        contender.release()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_a_lock_taken_from_a_stale_view_is_not_held(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = fs_lock(storage)
+    for _ in range(3):
+        writer.acquire(timeout=5)
+        writer.release()
+    stale_view = storage.list(LOCK_DIR)  # a contender's listing showing lock3 released
+    for _ in range(8):
+        writer.acquire(timeout=5)
+        writer.release()
+    holder = fs_lock(storage, LockHolder(owner="real-holder"))
+    holder.acquire(timeout=5)
+    assert holder.lock_id == 12
+    assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
+
+    # The contender's first listing is the stale one; every later one is fresh.
+    real_list = storage.list
+    views = iter([stale_view])
+    monkeypatch.setattr(storage, "list", lambda directory="": next(views, None) or real_list(directory))
+    contender = fs_lock(storage, LockHolder(owner="stale-contender"))
+    with pytest.raises(LockTimeoutError, match="real-holder"):
+        contender.acquire(timeout=0.1)
+    assert not contender.is_held
+    assert storage.exists(acquired_path(4)) and read_release(storage, 4)["owner"] == "stale-contender"
+    holder.check_held()
+    current = current_lock(storage)
+    assert current is not None and current.lock_id == 12 and current.holder == holder.holder
+
+    holder.release()
+    contender.acquire(timeout=5)
+    assert contender.lock_id == 13
+    contender.release()
+
+
+def test_a_forged_low_lock_does_not_count(storage: Storage) -> None:
+    writer = fs_lock(storage)
+    for _ in range(5):
+        writer.acquire(timeout=5)
+        writer.release()
+    collect_garbage(storage, keep=1)
+    assert storage.create_if_absent(acquired_path(1), LockHolder(owner="forger").to_bytes())
+
+    contender = fs_lock(storage, LockHolder(owner="contender"))
+    contender.acquire(timeout=5)
+    assert contender.lock_id == 6
+    contender.release()
+
+
+def test_garbage_collection_keeps_the_highest_ids(storage: Storage) -> None:
+    assert collect_garbage(storage) == 0
+    lock = fs_lock(storage)
+    for _ in range(12):
+        lock.acquire(timeout=5)
+        lock.release()
+    lock.acquire(timeout=5)  # 13, held
+    assert collect_garbage(storage, keep=10) == 2 * 2
+    assert lock_ids(storage)[0] == "lock3.acquired"
+    assert collect_garbage(storage, keep=10) == 0
+    assert collect_garbage(storage, keep=0) == 2 * 10
+    assert lock_ids(storage) == ["lock13.acquired"]
+    lock.check_held()
+    with pytest.raises(ValueError):
+        collect_garbage(storage, keep=-1)
+
+
+def test_a_corrupt_lock_payload_does_not_wedge_acquire(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert storage.create_if_absent(acquired_path(1), b"\x00 not json")
+    with pytest.raises(CorruptTimelineError, match="lock1.acquired"):
+        current_lock(storage)
+
+    clock = Clock()
+    contender = fs_lock(storage, LockHolder(owner="contender"), now=clock)
+    with caplog.at_level(logging.WARNING, logger="cowrite.timeline.locks.filesystem"):
+        with pytest.raises(LockTimeoutError, match="unreadable"):
+            contender.acquire(timeout=0.05)  # fresh: treated as a holder without an instant
+    assert "lock1.acquired" in caplog.text
+
+    clock.offset = PATIENT.tolerance + 5
+    contender.acquire(timeout=5)
+    assert contender.lock_id == 2
+    assert read_release(storage, 1)["reason"] == "expired"
+    contender.release()
+
+
+# -- ZooKeeper -------------------------------------------------------------------------------------
+
+
+def zk_lock(server: ZooKeeperServer, path: str, owner: str) -> ZooKeeperLock:
+    return ZooKeeperLock(
+        server.hosts, path, LockHolder(owner=owner), fast_retry(), session_timeout=10, connection_timeout=10
+    )
+
+
+def test_zookeeper_session_loss_loses_the_lock(zookeeper_server: ZooKeeperServer) -> None:
+    path = f"/cowrite-test/locks/{uuid.uuid4().hex}"
+    holder = zk_lock(zookeeper_server, path, "holder")
+    contender = zk_lock(zookeeper_server, path, "contender")
+    try:
+        holder.acquire(timeout=10)
+        holder.check_held()
+        assert holder.client is not None
+
+        # Closing the session from a second connection is how ZooKeeper expires a session on purpose.
+        thief = KazooClient(hosts=zookeeper_server.hosts, client_id=holder.client.client_id)
+        thief.start(timeout=10)
+        thief.stop()
+        thief.close()
+
+        deadline = time.monotonic() + 10
+        while holder.is_held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(LeaseLostError, match="holder"):
+            holder.check_held()
+        contender.acquire(timeout=10)
+        contender.check_held()
+        holder.release()
+        holder.release()
+        contender.check_held()
+    finally:
+        holder.release()
+        contender.release()
+
+
+def test_zookeeper_lock_waits_for_a_curator_contender(zookeeper_server: ZooKeeperServer) -> None:
+    # Hudi's ZookeeperBasedLockProvider (Curator's InterProcessMutex) names its nodes _c_<uuid>-lock-<seq>.
+    path = f"/cowrite-test/locks/{uuid.uuid4().hex}"
+    java_writer = KazooClient(hosts=zookeeper_server.hosts)
+    java_writer.start(timeout=10)
+    lock = zk_lock(zookeeper_server, path, "python-writer")
+    try:
+        node = java_writer.create(
+            f"{path}/_c_{uuid.uuid4()}-lock-", b"10.0.0.7", ephemeral=True, sequence=True, makepath=True
+        )
+        with pytest.raises(LockTimeoutError, match="10.0.0.7"):
+            lock.acquire(timeout=0.2)
+        java_writer.delete(node)
+        lock.acquire(timeout=10)
+        lock.check_held()
+    finally:
+        lock.release()
+        java_writer.stop()
+        java_writer.close()
+
+
+def test_zookeeper_unreachable_times_out_naming_the_hosts() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        hosts = f"127.0.0.1:{probe.getsockname()[1]}"
+        lock = ZooKeeperLock(hosts, "/cowrite-test/t", LockHolder(), fast_retry(), connection_timeout=0.3)
+        with pytest.raises(LockTimeoutError, match=re.escape(hosts)):
+            lock.acquire(timeout=5)
+    assert not lock.is_held
+    lock.release()
+
+
+# -- the factory -----------------------------------------------------------------------------------
+
+HUDI = "org.apache.hudi.client.transaction.lock"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("filesystem", FileSystemLock),
+        (f"{HUDI}.FileSystemBasedLockProvider", FileSystemLock),
+        ("zookeeper", ZooKeeperLock),
+        (f"{HUDI}.ZookeeperBasedLockProvider", ZooKeeperLock),
+        ("in-process", InProcessLock),
+        (f"{HUDI}.InProcessLockProvider", InProcessLock),
+    ],
+)
+def test_factory_knows_providers_and_hudi_class_names(name: str, kind: type[TableLock]) -> None:
+    storage = Storage.for_uri("memory://factory-table")
+    settings = {keys.LOCK_PROVIDER.key: name, keys.ZK_URL.key: "zk1,zk2:2182", keys.LOCK_WAIT_MS.key: "1500"}
+    lock = lock_for(storage, Config(settings), LockHolder(), PATIENT, "orders")
+    assert type(lock) is kind
+    assert lock.retry.deadline == 1.5
+    if isinstance(lock, ZooKeeperLock):
+        assert lock.hosts == "zk1:2181,zk2:2182"
+        assert lock.path == "/cowrite/locks/orders"
+    if isinstance(lock, InProcessLock):
+        assert lock.key == storage.uri
+
+
+def test_factory_rejects_unknown_providers_listing_the_choices() -> None:
+    hive = "org.apache.hudi.hive.transaction.lock.HiveMetastoreBasedLockProvider"
+    config = Config({keys.LOCK_PROVIDER.key: hive})
+    with pytest.raises(ConfigError) as raised:
+        lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
+    for choice in ("filesystem", "zookeeper", "in-process", f"{HUDI}.ZookeeperBasedLockProvider"):
+        assert choice in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({keys.ZK_URL.key: ""}, "names no ZooKeeper host"),
+        ({keys.ZK_URL.key: "zk1:port"}, "bad port"),
+        ({keys.ZK_URL.key: "zk1", keys.ZK_BASE_PATH.key: "locks"}, "absolute"),
+        ({keys.ZK_URL.key: "zk1", keys.ZK_PORT.key: "many"}, "invalid value"),
+        ({keys.ZK_URL.key: "zk1", keys.LOCK_WAIT_MS.key: "-1"}, "must not be negative"),
+    ],
+)
+def test_factory_rejects_malformed_zookeeper_settings(settings: dict[str, str], problem: str) -> None:
+    config = Config({keys.LOCK_PROVIDER.key: "zookeeper", **settings})
+    with pytest.raises(ConfigError, match=problem):
+        lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
+
+
+def test_zookeeper_hosts_take_the_default_port_where_missing() -> None:
+    assert zookeeper_hosts("a, b:2182 ,c", 2181) == "a:2181,b:2182,c:2181"
+    assert zookeeper_hosts("[::1]:2190,::1", 2181) == "[::1]:2190,[::1]:2181"
+
+
+def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cowrite.timeline.locks.zookeeper", None)
+    config = Config({keys.LOCK_PROVIDER.key: "zookeeper", keys.ZK_URL.key: "zk1"})
+    with pytest.raises(ConfigError, match=r"pip install cowrite\[zookeeper\]"):
+        lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
