@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,10 +16,11 @@ from support import hudi_rs
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _start
 from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import LeaseLostError
+from cowrite.timeline.errors import LeaseLostError, WriteConflictError
 from cowrite.timeline.fs_view import list_base_files
 from cowrite.timeline.heartbeat import HeartbeatPolicy
 from cowrite.timeline.instant import Action, State
+from cowrite.timeline.liveness import pending_writers
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import Transaction, WriteOptions
 from cowrite.writer import read
@@ -202,3 +204,18 @@ def test_clean_never_touches_pending_writes(table: Table) -> None:
     assert done is not None
     assert all(dead.instant_time not in f for f in done.deleted)
     assert any(dead.instant_time in b.path for b in list_base_files(table))
+
+
+def test_an_aborted_write_is_rolled_back_without_waiting(table: Table) -> None:
+    LocalWriter(table).insert(rows([1]))
+    slow = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
+    LocalWriter(table).upsert(rows([1], ts=2))
+    [winner] = table.commit_metadata(list(table.timeline())[-1]).write_stats
+    mine = replace(winner, path=winner.path.replace(winner.path.rsplit("_", 1)[-1], f"{slow.instant_time}.parquet"))
+    with pytest.raises(WriteConflictError):  # same file group, its own file
+        slow.commit(CommitMetadata("upsert", (mine,)))
+    [pending] = pending_writers(table, table.timeline(), POLICY)
+    assert (pending.instant.requested_time, pending.failed, pending.aborted) == (slow.instant_time, True, "conflict")
+    done = rollback_failed(table, service_lock(table), POLICY)  # now, not after the tolerance
+    assert [d.target for d in done] == [slow.instant_time]
+    assert snapshot(table) == [{"id": 1, "p": "a", "ts": 2, "v": "a1.2"}]

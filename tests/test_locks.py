@@ -262,7 +262,7 @@ def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:
     assert lock.lock_id == 14
     assert lock_ids(storage) == ["lock13.acquired", "lock13.released", "lock14.acquired"]
     current = current_lock(storage)
-    assert current is not None and current.lock_id == 14 and current.holder == lock.holder
+    assert current is not None and current.lock_id == 14 and current.holder.owner == lock.holder.owner
 
 
 class Clock:
@@ -406,7 +406,7 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     assert storage.exists(acquired_path(4)) and read_release(storage, 4)["owner"] == "stale-contender"
     holder.check_held()
     current = current_lock(storage)
-    assert current is not None and current.lock_id == 12 and current.holder == holder.holder
+    assert current is not None and current.lock_id == 12 and current.holder.owner == holder.holder.owner
 
     holder.release()
     contender.acquire(timeout=5)

@@ -29,6 +29,7 @@ from ..timeline.liveness import judge, pending_writers
 from ..timeline.locks import TableLock
 from ..timeline.service_metadata import RollbackPlan, RollbackResult
 from ..timeline.table import Table
+from ..timeline.transaction import own_files
 from ..timeline.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _planned_files(table: Table, target: Instant) -> tuple[str, ...]:
                 "unreadable plan of failed instant %s (%s); deleting no data files for it", target, exc
             )
             continue
-        files.update(s.path for s in plan.write_stats)
+        files.update(own_files(plan, target.requested_time))
         for partition in {s.partition_path for s in plan.write_stats}:
             for info in table.storage.list(partition):
                 base = BaseFile.parse(info)

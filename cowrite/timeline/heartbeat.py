@@ -13,6 +13,7 @@ expired its lock, and renewing the file now would not undo that.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from . import config as keys
 from .config import Config
 from .errors import CowriteError, LeaseLostError
 from .storage import Storage
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_DIR = ".hoodie/.heartbeat"
 
@@ -62,6 +65,20 @@ def heartbeat_age(storage: Storage, instant: str, now: float | None = None) -> f
     except FileNotFoundError:
         return None
     return max(0.0, (time.time() if now is None else now) - modified)
+
+
+def abort_reason(storage: Storage, instant: str) -> str | None:
+    """Why the writer of ``instant`` gave up ("conflict", "lease-lost", "error"), or None if it did not.
+
+    An aborting writer rewrites its heartbeat with this reason as its last act, so the instant can be
+    rolled back at once instead of after the heartbeat tolerance. An unreadable payload counts as none.
+    """
+    try:
+        payload = json.loads(storage.read(heartbeat_path(instant)))
+    except (FileNotFoundError, ValueError):
+        return None
+    reason = payload.get("aborted") if isinstance(payload, dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 class Heartbeat:
@@ -133,6 +150,15 @@ class Heartbeat:
                 f"of {needed:.1f} s ({self._failure})"
             )
             raise LeaseLostError(f"{self._lost}; the writer of {self.instant} must not publish")
+
+    def mark_aborted(self, reason: str) -> None:
+        """Stop renewing and leave the reason in the heartbeat: the instant is failed from now on."""
+        self.stop(delete=False)
+        payload = json.dumps({"owner": self.owner, "instant": self.instant, "aborted": reason}).encode()
+        try:
+            self.storage.write(heartbeat_path(self.instant), payload)
+        except CowriteError as exc:  # the heartbeat then simply expires
+            log.warning("could not record the abort of %s: %s", self.instant, exc)
 
     def stop(self, delete: bool = True) -> None:
         self._stop.set()

@@ -1,9 +1,10 @@
 """Which pending instants belong to writers that are gone.
 
-A pending commit or replacecommit is *failed* once its newest sign of life is older than the heartbeat
-tolerance (interval x tolerable misses). The sign of life is its heartbeat file; an instant without one
-(its writer died before the first renewal, or aborted) is judged by its newest timeline file. All ages
-are measured against the storage's modification times, so every judge uses the same clock.
+A pending commit or replacecommit is *failed* once its writer recorded that it gave up (an aborted
+heartbeat), or once its newest sign of life is older than the heartbeat tolerance (interval x tolerable
+misses). The sign of life is its heartbeat file; an instant without one (its writer died before the
+first renewal) is judged by its newest timeline file. All ages are measured against the storage's
+modification times, so every judge uses the same clock.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .heartbeat import HeartbeatPolicy, heartbeat_age
+from .heartbeat import HeartbeatPolicy, abort_reason, heartbeat_age
 from .instant import Action, Instant, State
 from .table import Table
 from .timeline import Timeline
@@ -25,6 +26,7 @@ class PendingInstant:
     heartbeat_age: float | None  # seconds; None when the instant has no heartbeat file
     idle: float  # seconds since its newest sign of life
     failed: bool
+    aborted: str | None = None  # the writer's own reason when it gave up
 
 
 def judge(
@@ -32,6 +34,7 @@ def judge(
 ) -> PendingInstant:
     now = time.time() if now is None else now
     age = heartbeat_age(table.storage, instant.requested_time, now)
+    aborted = abort_reason(table.storage, instant.requested_time) if age is not None else None
     idle = age
     if idle is None:
         ages = []
@@ -44,7 +47,7 @@ def judge(
                 continue
             ages.append(max(0.0, now - modified.modified))
         idle = min(ages) if ages else 0.0
-    return PendingInstant(instant, age, idle, idle > policy.tolerance)
+    return PendingInstant(instant, age, idle, aborted is not None or idle > policy.tolerance, aborted)
 
 
 def pending_writers(

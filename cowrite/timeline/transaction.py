@@ -34,9 +34,11 @@ from .errors import (
     StorageError,
     WriteConflictError,
 )
+from .fs_view import BaseFile
 from .heartbeat import Heartbeat, HeartbeatPolicy
 from .instant import Action, Instant, State
 from .locks import LockHolder, TableLock, lock_for
+from .storage import FileInfo
 from .table import Table
 from .timeline import Timeline
 
@@ -139,9 +141,9 @@ class Transaction:
         except CommitStateUnknownError:
             self.heartbeat.stop(delete=False)
             raise
-        except BaseException:
+        except BaseException as exc:
             # nothing was published: whatever went wrong, the write definitely did not commit
-            self.abort()
+            self.abort(exc)
             raise
         self.heartbeat.stop(delete=True)
         log.info("committed %s on %s", completed, self.table)
@@ -209,14 +211,38 @@ class Transaction:
             log.warning("could not release the lock of %s (it expires by itself): %s", self.table, exc)
 
     # -- abort -----------------------------------------------------------------------------------
-    def abort(self) -> None:
-        """Give up: delete the files this write created; the pending instant is rolled back lazily."""
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Give up: delete the files this write created and mark the instant failed for the rollback."""
         if self.heartbeat is not None:
-            self.heartbeat.stop(delete=False)
+            self.heartbeat.mark_aborted(_abort_reason(cause))
         if self.planned is not None and not (self.instant and self.instant.is_completed):
-            for stat in self.planned.write_stats:
+            for path in own_files(self.planned, self.instant_time):
                 try:
-                    self.table.storage.delete(stat.path)
+                    self.table.storage.delete(path)
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
-                    log.warning("could not delete %s after abort: %s", stat.path, exc)
+                    log.warning("could not delete %s after abort: %s", path, exc)
         self._release_lock()
+
+
+def _abort_reason(cause: BaseException | None) -> str:
+    if isinstance(cause, WriteConflictError):
+        return "conflict"
+    if isinstance(cause, LeaseLostError):
+        return "lease-lost"
+    return "error"
+
+
+def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
+    """The planned base files that carry ``instant_time`` in their name.
+
+    Only these can be garbage of the instant: a plan naming any other file (a bug, a forged plan) must
+    never make an abort or a rollback delete data of another commit.
+    """
+    files = []
+    for stat in plan.write_stats:
+        base = BaseFile.parse(FileInfo(stat.path, 0, 0.0))
+        if base is not None and base.instant_time == instant_time:
+            files.append(stat.path)
+        else:
+            log.warning("plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path)
+    return files

@@ -111,8 +111,8 @@ class LocalWriter:
         transaction = Transaction.begin(self.table, operation.value, operation.action, self.options)
         try:
             metadata = self._write_files(transaction, incoming, operation)
-        except BaseException:
-            transaction.abort()
+        except BaseException as exc:
+            transaction.abort(exc)
             raise
         return transaction.commit(metadata)
 

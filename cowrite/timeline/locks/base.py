@@ -29,6 +29,7 @@ class LockHolder:
 
     owner: str = field(default_factory=_new_owner)
     instant: str | None = None
+    waited_ms: int = 0  # how long the holder waited for the lock (what the daemon reports as lock waits)
 
     def for_instant(self, instant: str) -> LockHolder:
         return replace(self, instant=instant)
@@ -40,12 +41,14 @@ class LockHolder:
     def from_bytes(cls, data: bytes, path: str) -> LockHolder:
         try:
             payload = json.loads(data)
-            owner, instant = payload["owner"], payload.get("instant")
+            owner, instant, waited = payload["owner"], payload.get("instant"), payload.get("waited_ms", 0)
             if not isinstance(owner, str) or not (instant is None or isinstance(instant, str)):
                 raise TypeError("owner and instant must be strings")
+            if not isinstance(waited, int):
+                raise TypeError("waited_ms must be an integer")
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptTimelineError(path, f"not a lock payload ({exc})") from None
-        return cls(owner=owner, instant=instant)
+        return cls(owner=owner, instant=instant, waited_ms=waited)
 
 
 class TableLock(ABC):

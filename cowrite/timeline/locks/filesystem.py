@@ -24,7 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 
 from ..errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
@@ -281,6 +281,7 @@ class FileSystemLock(TableLock):
         self._id: int | None = None
         self._seen: tuple[int, LockHolder] | None = None  # the last holder we waited for, for the error
         self._seen_file: tuple[int, float] | None = None
+        self._waiting_since = time.monotonic()
 
     @property
     def lock_id(self) -> int | None:
@@ -295,6 +296,7 @@ class FileSystemLock(TableLock):
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
         self._seen = None
+        self._waiting_since = time.monotonic()
         for _ in policy.attempts():
             outcome = self._try_acquire()
             for _ in range(_IMMEDIATE_RETRIES):
@@ -311,7 +313,9 @@ class FileSystemLock(TableLock):
         if files.is_held(current):
             return self._judge(files, current)
         candidate = current + 1
-        if not self.storage.create_if_absent(acquired_path(candidate), self.holder.to_bytes()):
+        waited = int((time.monotonic() - self._waiting_since) * 1000)
+        payload = replace(self.holder, waited_ms=waited).to_bytes()
+        if not self.storage.create_if_absent(acquired_path(candidate), payload):
             return _Outcome.BUSY
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. Only an id that is still the highest counts.
