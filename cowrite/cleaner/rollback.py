@@ -29,8 +29,8 @@ from ..timeline.liveness import judge, pending_writers
 from ..timeline.locks import TableLock
 from ..timeline.service_metadata import RollbackPlan, RollbackResult
 from ..timeline.table import Table
-from ..timeline.transaction import own_files
 from ..timeline.timeline import Timeline
+from ..timeline.transaction import own_files
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class RolledBack:
     deleted: tuple[str, ...]
 
 
-def _planned_files(table: Table, target: Instant) -> tuple[str, ...]:
+def planned_files(table: Table, target: Instant) -> tuple[str, ...]:
     """The data files ``target`` may have written: its plan, and its base files in the planned partitions."""
     inflight = Instant(target.requested_time, target.action, State.INFLIGHT)
     requested = Instant(target.requested_time, target.action, State.REQUESTED)
@@ -82,7 +82,7 @@ def _start(
         if not judge(table, current, policy, now).failed:
             log.info("%s is alive again; not rolling it back", current)
             return None
-        plan = RollbackPlan(current.requested_time, current.action.value, _planned_files(table, current))
+        plan = RollbackPlan(current.requested_time, current.action.value, planned_files(table, current))
         return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes())
 
 

@@ -244,5 +244,7 @@ def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
         if base is not None and base.instant_time == instant_time:
             files.append(stat.path)
         else:
-            log.warning("plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path)
+            log.warning(
+                "plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path
+            )
     return files

@@ -6,17 +6,23 @@
   ``(since, until]`` — the order in which commits became visible, which is what a consumer that
   checkpoints must follow when several writers interleave. File groups come from the commits' write stats;
   of each, the newest base file written in the range is read, keeping the rows those commits wrote.
+- :func:`pull` is that for a consumer: rows since a checkpoint plus the next checkpoint, by completion
+  time, through the daemon's END_COMMIT_TIME overlay, or fenced by the oldest pending write.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..timeline.fs_view import FileSystemView, replaced_file_groups
+from ..timeline.errors import CowriteError
+from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import check_time
+from ..timeline.overlay import CommitEntry, Overlay, entries_of, newest_files
 from ..timeline.table import Table
 from ..timeline.timeline import InstantRange
 from .file_group import read_base_file
@@ -61,19 +67,66 @@ def incremental(
     with_meta: bool = False,
 ) -> pa.Table:
     """Records written by commits completed in ``(since, until]`` (completion times)."""
-    timeline = table.timeline()
-    commits = [i for i in timeline.completed_in(InstantRange.within(since, until)) if i.action.writes_data]
-    newest: dict[tuple[str, str], tuple[str, str]] = {}  # file group -> (instant time, path)
-    for instant in commits:
-        for stat in table.commit_metadata(instant).write_stats:
-            key = (stat.partition_path, stat.file_id)
-            if key not in newest or newest[key][0] < instant.requested_time:
-                newest[key] = (instant.requested_time, stat.path)
-    for group in replaced_file_groups(table, commits):  # as Hudi's readers: replaced within the range
-        newest.pop(group, None)
-    wanted = pa.array(sorted({i.requested_time for i in commits}), pa.string())
+    commits = table.timeline().completed_in(InstantRange.within(since, until))
+    return _read_entries(table, entries_of(table, commits), columns, with_meta)
+
+
+def _read_entries(
+    table: Table, entries: Sequence[CommitEntry], columns: Sequence[str] | None, with_meta: bool
+) -> pa.Table:
+    """The rows ``entries`` wrote: of each file group, the newest file among them, filtered by commit."""
+    wanted = pa.array(sorted({e.requested_time for e in entries}), pa.string())
     parts = [
         part.filter(pc.is_in(part.column(COMMIT_TIME), value_set=wanted))
-        for part in _read(table, sorted(path for _, path in newest.values()))
+        for part in _read(table, newest_files(entries))
     ]
     return _finish(_concat(parts), with_meta, columns)
+
+
+class PullMode(enum.Enum):
+    """How an incremental consumer checkpoints (RFC-22's options for incremental reads)."""
+
+    COMPLETION_TIME = "completion-time"  # option 3: checkpoint = completion time, read from the timeline
+    OVERLAY = "overlay"  # option 3 through the daemon's END_COMMIT_TIME overlay file
+    FENCE = "fence"  # option 2: checkpoint = requested time, never past the oldest pending write
+
+
+@dataclass(frozen=True)
+class Pull:
+    rows: pa.Table
+    checkpoint: str | None  # store it; pass it to the next pull
+    commits: tuple[str, ...]  # requested times of the commits read
+
+
+def pull(
+    table: Table, checkpoint: str | None, mode: PullMode = PullMode.COMPLETION_TIME, with_meta: bool = False
+) -> Pull:
+    """Everything committed since ``checkpoint``, and the checkpoint to store for the next pull.
+
+    Every committed record of every commit is returned by exactly one pull, however writers interleave.
+    """
+    if mode is PullMode.OVERLAY:
+        overlay = Overlay.load(table)
+        if overlay is None:
+            raise CowriteError(
+                f"{table.uri} has no END_COMMIT_TIME overlay yet; is `cowrite daemon` serving it?"
+            )
+        entries = overlay.since(checkpoint)
+        new_checkpoint = overlay.watermark if entries else checkpoint
+    elif mode is PullMode.COMPLETION_TIME:
+        timeline = table.timeline()
+        entries = entries_of(table, timeline.completed_in(InstantRange.within(checkpoint, None)))
+        new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
+    else:
+        timeline = table.timeline()
+        fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
+        ready = [
+            i
+            for i in timeline.data_commits()
+            if (checkpoint is None or i.requested_time > checkpoint)
+            and (fence is None or i.requested_time < fence)
+        ]
+        entries = entries_of(table, ready)
+        new_checkpoint = max((e.requested_time for e in entries), default=checkpoint)
+    rows = _read_entries(table, entries, None, with_meta)
+    return Pull(rows, new_checkpoint, tuple(e.requested_time for e in entries))

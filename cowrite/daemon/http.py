@@ -1,0 +1,212 @@
+"""The daemon's HTTP endpoint: metrics, health, and a read-only JSON view of each table.
+
+=====================================  ===============================================================
+``GET /metrics``                       Prometheus metrics
+``GET /healthz``                       200 while the daemon runs
+``GET /readyz``                        200 once every table has been polled, else 503
+``GET /api/tables``                    every table's status
+``GET /api/tables/<name>/timeline``    its instants
+``GET /api/tables/<name>/heartbeats``  pending writes, heartbeat ages, failed or not
+``GET /api/tables/<name>/locks``       the current filesystem lock holder
+``GET /api/tables/<name>/watermark``   watermark (completion time) and fence (requested time)
+``GET /api/tables/<name>/overlay``     END_COMMIT_TIME entries; ``?since=<completion time>``
+``POST /api/tables/<name>/rollback``   roll back failed writes now (token)
+``POST /api/tables/<name>/clean``      clean now (token)
+=====================================  ===============================================================
+
+Binds 127.0.0.1 unless told otherwise. Tables are looked up by the names the daemon was configured with,
+never turned into paths. Endpoints that change anything need ``Authorization: Bearer <token>`` with the
+token from ``COWRITE_DAEMON_TOKEN``; without a configured token they answer 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..timeline.errors import CowriteError
+from ..timeline.instant import check_time
+from ..timeline.locks.filesystem import current_lock
+
+if TYPE_CHECKING:
+    from .service import Daemon, TableService
+
+log = logging.getLogger(__name__)
+MAX_BODY = 4096
+
+
+def _status_json(service: TableService) -> dict[str, Any]:
+    status = service.status
+    return {
+        "name": status.name,
+        "uri": status.uri,
+        "up": status.up,
+        "error": status.error,
+        "instants": status.instants_by_state,
+        "pending": len(status.pending),
+        "failed": sum(1 for p in status.pending if p.failed),
+        "garbage_files": status.garbage_files,
+        "garbage_bytes": status.garbage_bytes,
+        "watermark": status.watermark,
+        "fence": status.fence,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    daemon: Daemon  # set on the class made by serve()
+    server_version = "cowrite-daemon"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s", format % args)
+
+    # -- responses -------------------------------------------------------------------------------
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, value: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
+        self._send(status, json.dumps(value, default=str).encode())
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._json({"error": message}, status)
+
+    # -- routing ---------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        url = urlsplit(self.path)
+        parts = [p for p in url.path.split("/") if p]
+        try:
+            if parts == ["metrics"]:
+                self._send(HTTPStatus.OK, generate_latest(self.daemon.registry), CONTENT_TYPE_LATEST)
+            elif parts == ["healthz"]:
+                self._json({"status": "ok"})
+            elif parts == ["readyz"]:
+                ready = self.daemon.ready
+                self._json({"ready": ready}, HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE)
+            elif parts == ["api", "tables"]:
+                self._json([_status_json(s) for s in self.daemon.services])
+            elif len(parts) == 4 and parts[:2] == ["api", "tables"]:
+                self._table_view(parts[2], parts[3], parse_qs(url.query))
+            else:
+                self._error(HTTPStatus.NOT_FOUND, f"no such endpoint {url.path}")
+        except CowriteError as exc:
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+
+    def _service(self, name: str) -> TableService | None:
+        service = self.daemon.service(name)
+        if service is None:
+            self._error(HTTPStatus.NOT_FOUND, f"no table named {name!r} is served here")
+        return service
+
+    def _table_view(self, name: str, view: str, query: dict[str, list[str]]) -> None:
+        service = self._service(name)
+        if service is None:
+            return
+        follower, table = service.follower, service.table
+        if view == "status":
+            self._json(_status_json(service))
+        elif follower is None or table is None:
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"table {name} is not loaded: {service.status.error}")
+        elif view == "timeline":
+            self._json(
+                [
+                    {
+                        "requested_time": i.requested_time,
+                        "action": i.action.value,
+                        "state": i.state.name,
+                        "completion_time": i.completion_time,
+                    }
+                    for i in follower.timeline
+                ]
+            )
+        elif view == "heartbeats":
+            self._json(
+                [
+                    {
+                        "instant": p.instant.requested_time,
+                        "action": p.instant.action.value,
+                        "state": p.instant.state.name,
+                        "heartbeat_age_seconds": p.heartbeat_age,
+                        "idle_seconds": p.idle,
+                        "failed": p.failed,
+                        "aborted": p.aborted,
+                    }
+                    for p in service.status.pending
+                ]
+            )
+        elif view == "locks":
+            lock = current_lock(table.storage)
+            holder = lock.holder if lock is not None else None
+            self._json(
+                None
+                if lock is None
+                else {
+                    "id": lock.lock_id,
+                    "owner": holder.owner if holder else None,
+                    "instant": holder.instant if holder else None,
+                    "acquired_at": lock.acquired_at,
+                }
+            )
+        elif view == "watermark":
+            self._json({"watermark": service.status.watermark, "fence": service.status.fence})
+        elif view == "overlay":
+            since = query.get("since", [None])[0]
+            overlay = service.overlay
+            entries = overlay.since(check_time(since) if since else None) if overlay else []
+            self._json(
+                {
+                    "watermark": overlay.watermark if overlay else None,
+                    "entries": [e.__dict__ for e in entries],
+                }
+            )
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no view {view!r}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        parts = [p for p in urlsplit(self.path).path.split("/") if p]
+        if int(self.headers.get("Content-Length") or 0) > MAX_BODY:
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
+            return
+        if not self._authorized():
+            return
+        if len(parts) != 4 or parts[:2] != ["api", "tables"] or parts[3] not in ("rollback", "clean"):
+            self._error(HTTPStatus.NOT_FOUND, "POST /api/tables/<name>/rollback or /clean")
+            return
+        service = self._service(parts[2])
+        if service is None:
+            return
+        (service.poll if parts[3] == "rollback" else service.clean)()
+        self._json(_status_json(service))
+
+    def _authorized(self) -> bool:
+        token = self.daemon.config.token
+        if not token:
+            self._error(
+                HTTPStatus.FORBIDDEN, "changes over HTTP are off: set COWRITE_DAEMON_TOKEN to allow them"
+            )
+            return False
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+            return False
+        return True
+
+
+def serve(daemon: Daemon, host: str, port: int) -> ThreadingHTTPServer:
+    """Start serving in a background thread; returns the server (``server_address`` has the port)."""
+    handler = type("Handler", (_Handler,), {"daemon": daemon})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="cowrite-http", daemon=True).start()
+    log.info("http on %s:%d", *server.server_address[:2])
+    return server
