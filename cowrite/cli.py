@@ -318,6 +318,21 @@ def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
     click.echo(f"deleted {len(done.deleted)} files ({done.clean.file_name})" if done else "nothing to clean")
 
 
+@cli.command("archive")
+@click.argument("path")
+@click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. hoodie.keep.max.commits.")
+def archive_command(path: str, options: Sequence[str]) -> None:
+    """Move old completed instants off the active timeline (after cleaning), once."""
+    from .cleaner import archive, service_lock
+
+    try:
+        table = _with_settings(Table.load(path), options)
+        done = archive(table, service_lock(table))
+    except CowriteError as exc:
+        _fail(exc)
+    click.echo(f"archived {len(done.instants)} instants into {done.path}" if done else "nothing to archive")
+
+
 def _with_settings(table: Table, options: Sequence[str]) -> Table:
     return Table(table.storage, table.config.with_values(_options(options)))
 

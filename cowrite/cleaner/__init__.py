@@ -3,6 +3,7 @@
 from ..timeline.heartbeat import HeartbeatPolicy
 from ..timeline.locks import LockHolder, TableLock, lock_for
 from ..timeline.table import Table
+from .archive import Archived, archive
 from .clean import Cleaned, clean, plan_clean
 from .rollback import RolledBack, rollback_failed
 
@@ -15,4 +16,4 @@ def service_lock(table: Table, owner: str = "") -> TableLock:
     )
 
 
-__all__ = ["Cleaned", "RolledBack", "clean", "plan_clean", "rollback_failed", "service_lock"]
+__all__ = ["Archived", "Cleaned", "archive", "RolledBack", "clean", "plan_clean", "rollback_failed", "service_lock"]

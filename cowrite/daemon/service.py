@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from ..cleaner import clean, rollback_failed, service_lock
+from ..cleaner import archive, clean, rollback_failed, service_lock
 from ..cleaner.rollback import planned_files
 from ..timeline import config as keys
 from ..timeline.errors import CowriteError
@@ -125,6 +125,8 @@ class TableService:
                     done = clean(table, self.lock, retained)
                 if done is not None:
                     self.metrics.deleted_files.labels(self.name, "clean").inc(len(done.deleted))
+                with self._timed("archive"):  # after cleaning: replaced files must be gone first
+                    archive(table, self.lock)
             except Exception as exc:
                 log.error("cleaning %s failed: %s", self.name, exc, exc_info=exc)
 

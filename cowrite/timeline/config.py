@@ -219,3 +219,9 @@ CLEANER_COMMITS_RETAINED = ConfigKey(
     int,
     "Cleaning keeps every file version the last N data commits (and time travel to them) need.",
 )
+KEEP_MIN_COMMITS = ConfigKey(
+    "hoodie.keep.min.commits", 20, int, "Archival leaves at least this many data commits on the active timeline."
+)
+KEEP_MAX_COMMITS = ConfigKey(
+    "hoodie.keep.max.commits", 30, int, "Archival starts once more data commits than this are active."
+)

@@ -1,0 +1,96 @@
+"""Timeline archival: keep the active timeline short, so opening a table stays fast however old it is.
+
+Once more than ``hoodie.keep.max.commits`` data commits are active, the oldest completed instants are
+moved out until ``hoodie.keep.min.commits`` remain: their timeline files are copied into one archive file
+under ``.hoodie/.cowrite/archive/`` and then deleted, oldest instant first and, for each instant, its
+completed file last — a reader listing meanwhile never sees a committed instant as pending.
+
+Readers treat base files older than the first active instant as committed (their evidence was
+archived). So archival stops before:
+
+- the oldest pending instant of any kind: a failed write's garbage must be rolled back first, or its
+  files would turn visible once nothing older is left on the timeline;
+- a replacecommit whose replaced file groups still have files: without it on the timeline, readers
+  would see the replaced files again next to their replacement (the cleaner deletes them first).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+
+from ..timeline import config as keys
+from ..timeline.fs_view import list_base_files
+from ..timeline.instant import Action, Instant, State
+from ..timeline.locks import TableLock
+from ..timeline.table import Table
+from ..timeline.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_DIR = ".hoodie/.cowrite/archive"
+
+
+@dataclass(frozen=True)
+class Archived:
+    path: str  # the archive file written
+    instants: tuple[str, ...]  # requested times moved out of the active timeline
+
+
+def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -> list[Instant]:
+    """The oldest completed instants that may leave the active timeline now, oldest first."""
+    commits = timeline.data_commits()
+    if len(commits) <= keep_max:
+        return []
+    keep_from = sorted(i.requested_time for i in commits)[-keep_min] if keep_min else "99999999999999999"
+    live_groups: set[tuple[str, str]] | None = None
+    chosen = []
+    for instant in timeline:
+        if not instant.is_completed or instant.requested_time >= keep_from:
+            break
+        if instant.action is Action.REPLACE_COMMIT:
+            if live_groups is None:
+                live_groups = {(b.partition, b.file_id) for b in list_base_files(table)}
+            replaced = table.commit_metadata(instant).replaced_file_ids
+            if any((p, f) in live_groups for p, ids in replaced.items() for f in ids):
+                break
+        chosen.append(instant)
+    return chosen
+
+
+def archive(table: Table, lock: TableLock, keep_min: int | None = None, keep_max: int | None = None) -> Archived | None:
+    """Archive what :func:`archivable` allows; None when nothing may move."""
+    keep_min = table.config.get(keys.KEEP_MIN_COMMITS) if keep_min is None else keep_min
+    keep_max = table.config.get(keys.KEEP_MAX_COMMITS) if keep_max is None else keep_max
+    if keep_min > keep_max:
+        keep_min = keep_max
+    with lock:
+        timeline = table.timeline()
+        chosen = archivable(table, timeline, keep_min, keep_max)
+        if not chosen:
+            return None
+        files = {info.name for info in table.storage.list(".hoodie/timeline")}
+        steps = [[step for step in _states(instant) if step.file_name in files] for instant in chosen]
+        records = [
+            {"file": step.file_name, "content": base64.b64encode(table.storage.read(table.instant_path(step))).decode()}
+            for states in steps
+            for step in states
+        ]
+        path = f"{ARCHIVE_DIR}/{chosen[0].requested_time}_{chosen[-1].requested_time}.json"
+        table.storage.write(path, json.dumps(records).encode())
+        for states in steps:  # oldest instant first; for each, its completed file last
+            for step in states:
+                table.storage.delete(table.instant_path(step))
+    log.info("archived %d instants of %s into %s", len(chosen), table, path)
+    return Archived(path, tuple(i.requested_time for i in chosen))
+
+
+def _states(instant: Instant) -> list[Instant]:
+    """The timeline files of a completed instant, in the order it created them."""
+    return [
+        Instant(instant.requested_time, instant.action, State.REQUESTED),
+        Instant(instant.requested_time, instant.action, State.INFLIGHT),
+        instant,
+    ]

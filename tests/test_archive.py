@@ -1,0 +1,90 @@
+"""Timeline archival: a bounded active timeline, and readers that stay exact across it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from support import hudi_rs
+
+from cowrite.cleaner import clean, rollback_failed, service_lock
+from cowrite.cleaner.archive import ARCHIVE_DIR, archive
+from cowrite.timeline.heartbeat import HeartbeatPolicy
+from cowrite.timeline.instant import Action
+from cowrite.timeline.table import Table
+from cowrite.timeline.transaction import Transaction
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    return Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"],
+                        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"})
+
+
+def rows(ids: range | list[int], p: str, v: int = 0) -> pa.Table:
+    ids = list(ids)
+    return pa.table({"id": ids, "p": [p] * len(ids), "v": [v] * len(ids)})
+
+
+def exact(table: Table) -> list[dict[str, object]]:
+    mine = hudi_rs.rows(read.snapshot(table))
+    assert hudi_rs.snapshot(table.uri) == mine
+    return mine
+
+
+def test_active_timeline_stays_bounded_and_readers_agree(table: Table) -> None:
+    writer = LocalWriter(table)
+    for n in range(12):
+        writer.upsert(rows(range(n * 3, n * 3 + 5), f"p{n % 3}", v=n))
+    before = exact(table)
+    done = archive(table, service_lock(table), keep_min=4, keep_max=6)
+    assert done is not None and len(done.instants) == 8
+    timeline = table.timeline()
+    assert len(timeline.data_commits()) == 4 and timeline.first is not None
+    assert timeline.first.requested_time > max(done.instants)
+    assert table.storage.exists(done.path) and done.path.startswith(ARCHIVE_DIR)
+    assert exact(table) == before  # archived commits' files now count as older than the timeline
+    assert archive(table, service_lock(table), keep_min=4, keep_max=6) is None
+    writer.upsert(rows([0], "p0", v=99))  # writing after archival still works
+    assert [r["v"] for r in exact(table) if r["id"] == 0] == [99]
+
+
+def test_archival_stops_at_a_failed_write_until_it_is_rolled_back(table: Table) -> None:
+    writer = LocalWriter(table)
+    for n in range(3):
+        writer.upsert(rows([n], "a", v=n))
+    dead = Transaction.begin(table, "insert")
+    assert dead.heartbeat is not None
+    dead.heartbeat.stop(delete=False)  # its writer died before writing anything
+    for n in range(3, 10):
+        writer.upsert(rows([n], "a", v=n))
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and max(done.instants) < dead.instant_time  # nothing past the failed instant
+    assert archive(table, service_lock(table), keep_min=2, keep_max=3) is None
+    policy = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
+    assert [r.target for r in rollback_failed(table, service_lock(table), policy, now=time.time() + 5)] == [
+        dead.instant_time
+    ]
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and len(table.timeline().data_commits()) == 2
+    assert [r["id"] for r in exact(table)] == list(range(10))
+
+
+def test_a_replacecommit_stays_until_its_replaced_files_are_cleaned(table: Table) -> None:
+    writer = LocalWriter(table)
+    writer.insert(rows(range(3), "a"))
+    writer.insert_overwrite(rows([7], "a"))  # replaces the first file group
+    for n in range(5):
+        writer.upsert(rows([100 + n], "b", v=n))
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and len(done.instants) == 1  # the insert; the replacecommit must stay
+    assert [i.action for i in table.timeline()][0] is Action.REPLACE_COMMIT
+    assert [r["id"] for r in exact(table)] == [7, 100, 101, 102, 103, 104]
+    assert clean(table, service_lock(table), commits_retained=2) is not None  # deletes the replaced group
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and Action.REPLACE_COMMIT not in {i.action for i in table.timeline()}
+    assert [r["id"] for r in exact(table)] == [7, 100, 101, 102, 103, 104]
