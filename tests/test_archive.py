@@ -21,8 +21,13 @@ from cowrite.writer.local import LocalWriter
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"],
-                        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"})
+    return Table.create(
+        str(tmp_path / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"},
+    )
 
 
 def rows(ids: range | list[int], p: str, v: int = 0) -> pa.Table:

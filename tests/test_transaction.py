@@ -16,7 +16,9 @@ from cowrite.timeline.instant import Action, Instant, State, from_millis, to_mil
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import Transaction, WriteOptions
 from cowrite.writer import read
+from cowrite.writer.file_group import FileGroupWrite, write_file_group
 from cowrite.writer.local import LocalWriter
+from cowrite.writer.records import PARTITION_PATH, RECORD_KEY
 
 
 def _stat(partition: str, file_id: str, instant: str = "20260101000000000") -> WriteStat:
@@ -161,3 +163,72 @@ def test_retry_on_conflict_uses_a_new_instant(table: Table, monkeypatch: pytest.
     committed = retrying.upsert(_rows([1], "a", ts=9))
     assert len(began) == 2 and began[0] != began[1] == committed.requested_time
     assert read.snapshot(table).to_pylist() == [{"id": 1, "p": "a", "ts": 9, "v": "a1"}]
+
+
+def _early(table: Table) -> WriteOptions:
+    return _options(
+        table,
+        **{
+            "hoodie.write.concurrency.early.conflict.detection.enable": "true",
+            "hoodie.write.concurrency.async.conflict.detector.period_ms": "0",
+        },
+    )
+
+
+def test_early_detection_aborts_the_later_writer_while_it_writes(table: Table) -> None:
+    earlier = Transaction.begin(table, "upsert", options=_early(table))
+    later = Transaction.begin(table, "upsert", options=_early(table))
+    earlier.plan(CommitMetadata("upsert", (_stat("a", "g1", earlier.instant_time),)))
+    later.plan(
+        CommitMetadata("upsert", (_stat("a", "g1", later.instant_time), _stat("b", "g2", later.instant_time)))
+    )
+    earlier.check_alive()  # the earlier instant wins by the rule: it goes on
+    with pytest.raises(WriteConflictError) as caught:
+        later.check_alive()
+    assert (caught.value.instant, caught.value.winner, caught.value.file_groups) == (
+        later.instant_time,
+        earlier.instant_time,
+        ["a/g1"],
+    )
+    earlier.commit(CommitMetadata("upsert", (_stat("a", "g1", earlier.instant_time),)))
+
+
+def test_early_detection_sees_commits_completed_since_begin(table: Table) -> None:
+    late = Transaction.begin(table, "upsert", options=_early(table))
+    late.plan(CommitMetadata("upsert", (_stat("a", "g1", late.instant_time),)))
+    late.check_alive()
+    quick = Transaction.begin(table, "upsert", options=_options(table))
+    quick.commit(CommitMetadata("upsert", (_stat("a", "g1", quick.instant_time),)))
+    with pytest.raises(WriteConflictError) as caught:
+        late.check_alive()
+    assert caught.value.winner == quick.instant_time
+
+
+def test_early_detection_is_off_by_default(table: Table) -> None:
+    earlier = Transaction.begin(table, "upsert", options=_options(table))
+    later = Transaction.begin(table, "upsert", options=_options(table))
+    earlier.plan(CommitMetadata("upsert", (_stat("a", "g1", earlier.instant_time),)))
+    later.plan(CommitMetadata("upsert", (_stat("a", "g1", later.instant_time),)))
+    later.check_alive()
+
+
+@pytest.mark.parametrize("check_keys", [False, True])
+def test_concurrent_inserts_of_one_new_key(table: Table, check_keys: bool) -> None:
+    options = _options(table, **{"cowrite.write.conflict.record.keys": str(check_keys).lower()})
+    first = LocalWriter(table, options)
+    slow = Transaction.begin(table, "insert", options=options)
+    first.insert(_rows([1, 2], "a"))  # completes while the slow writer is writing
+    batch = _rows([2, 3], "a", ts=5)
+    incoming = batch.append_column(RECORD_KEY, pa.array(["2", "3"])).append_column(
+        PARTITION_PATH, pa.array(["a", "a"])
+    )
+    work = FileGroupWrite.create("a", "own-group-0", slow.instant_time, "0-0-1", None, merge=False)
+    stat = write_file_group(table.storage, work, slow.instant_time, incoming)
+    if check_keys:
+        with pytest.raises(WriteConflictError, match="records with the same keys") as caught:
+            slow.commit(CommitMetadata("insert", (stat,)))
+        assert caught.value.file_groups == ["a/2"]
+        assert sorted(r["id"] for r in read.snapshot(table).to_pylist()) == [1, 2]
+    else:  # what users of plain OCC get: two records with key 2
+        slow.commit(CommitMetadata("insert", (stat,)))
+        assert sorted(r["id"] for r in read.snapshot(table).to_pylist()) == [1, 2, 2, 3]

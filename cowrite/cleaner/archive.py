@@ -60,7 +60,9 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
     return chosen
 
 
-def archive(table: Table, lock: TableLock, keep_min: int | None = None, keep_max: int | None = None) -> Archived | None:
+def archive(
+    table: Table, lock: TableLock, keep_min: int | None = None, keep_max: int | None = None
+) -> Archived | None:
     """Archive what :func:`archivable` allows; None when nothing may move."""
     keep_min = table.config.get(keys.KEEP_MIN_COMMITS) if keep_min is None else keep_min
     keep_max = table.config.get(keys.KEEP_MAX_COMMITS) if keep_max is None else keep_max
@@ -74,7 +76,10 @@ def archive(table: Table, lock: TableLock, keep_min: int | None = None, keep_max
         files = {info.name for info in table.storage.list(".hoodie/timeline")}
         steps = [[step for step in _states(instant) if step.file_name in files] for instant in chosen]
         records = [
-            {"file": step.file_name, "content": base64.b64encode(table.storage.read(table.instant_path(step))).decode()}
+            {
+                "file": step.file_name,
+                "content": base64.b64encode(table.storage.read(table.instant_path(step))).decode(),
+            }
             for states in steps
             for step in states
         ]

@@ -225,3 +225,94 @@ KEEP_MIN_COMMITS = ConfigKey(
 KEEP_MAX_COMMITS = ConfigKey(
     "hoodie.keep.max.commits", 30, int, "Archival starts once more data commits than this are active."
 )
+EARLY_CONFLICT_DETECTION = ConfigKey(
+    "hoodie.write.concurrency.early.conflict.detection.enable", False, parse_bool,
+    "While writing, abort as soon as a commit since begin, or a live writer with an earlier instant, plans "
+    "to touch the same file group, instead of after the whole write.",
+)
+EARLY_CONFLICT_PERIOD_MS = ConfigKey(
+    "hoodie.write.concurrency.async.conflict.detector.period_ms", 1_000, int,
+    "Least time between two early conflict checks of one writer.",
+)
+CONFLICT_ON_RECORD_KEYS = ConfigKey(
+    "cowrite.write.conflict.record.keys", False, parse_bool,
+    "Also abort the later of two concurrent writers that wrote the same record key into one partition "
+    "through different file groups (concurrent inserts of one new key).",
+)
+
+# -- Spark engine and the `cowrite` Spark data source (Hudi's data source option names) ------------------
+WRITE_OPERATION = ConfigKey(
+    "hoodie.datasource.write.operation",
+    "insert",
+    _str,
+    "Operation of a data source write: insert or bulk_insert (Hudi defaults to upsert; a data source "
+    "write cannot shuffle, so upsert, delete and insert_overwrite go through SparkWriter instead).",
+)
+WRITE_RECORDKEY_FIELD: ConfigKey[tuple[str, ...]] = ConfigKey(
+    "hoodie.datasource.write.recordkey.field",
+    (),
+    parse_list,
+    "Record key column(s) of a data source write; must match the table's, or creates the table.",
+)
+WRITE_PARTITIONPATH_FIELD: ConfigKey[tuple[str, ...]] = ConfigKey(
+    "hoodie.datasource.write.partitionpath.field",
+    (),
+    parse_list,
+    "Partition column(s) of a data source write; must match the table's, or creates the table.",
+)
+WRITE_PRECOMBINE_FIELD = ConfigKey(
+    "hoodie.datasource.write.precombine.field",
+    "",
+    _str,
+    "Ordering column of a data source write; must match the table's, or creates the table.",
+)
+WRITE_TABLE_NAME = ConfigKey(
+    "hoodie.datasource.write.table.name", "", _str, "Table name when a data source write creates the table."
+)
+QUERY_TYPE = ConfigKey(
+    "hoodie.datasource.query.type",
+    "snapshot",
+    _str,
+    "Data source read: snapshot (read_optimized means the same on copy-on-write) or incremental.",
+)
+READ_BEGIN_INSTANTTIME = ConfigKey(
+    "hoodie.datasource.read.begin.instanttime",
+    "",
+    _str,
+    "Incremental read: records of commits completed after this completion time (exclusive; empty = all).",
+)
+READ_END_INSTANTTIME = ConfigKey(
+    "hoodie.datasource.read.end.instanttime",
+    "",
+    _str,
+    "Incremental read: ... and completed at or before this completion time (empty = open).",
+)
+AS_OF_INSTANT = ConfigKey(
+    "as.of.instant", "", _str, "Time travel: read the table as of this requested instant time."
+)
+BULKINSERT_SHUFFLE_PARALLELISM = ConfigKey(
+    "hoodie.bulkinsert.shuffle.parallelism",
+    0,
+    int,
+    "Tasks of the bulk_insert sort (GLOBAL_SORT); 0 = spark.sql.shuffle.partitions.",
+)
+BULKINSERT_SORT_MODE = ConfigKey(
+    "hoodie.bulkinsert.sort.mode",
+    "GLOBAL_SORT",
+    _str,
+    "bulk_insert layout: GLOBAL_SORT (range-partition by partition path: fewest files), PARTITION_SORT "
+    "(sort each input task's rows by partition, no shuffle) or NONE.",
+)
+UPSERT_SHUFFLE_PARALLELISM = ConfigKey(
+    "hoodie.upsert.shuffle.parallelism",
+    0,
+    int,
+    "Tasks that deduplicate and tag upserts, deletes and insert_overwrites; 0 = spark.sql.shuffle.partitions.",
+)
+STORAGE_OPTIONS_JSON = ConfigKey(
+    "cowrite.storage.options",
+    "",
+    _str,
+    'fsspec options of the table\'s storage as JSON (S3 endpoint, keys), e.g. {"key": "..."}; for the '
+    "Spark data source, whose options are strings. Empty = the AWS environment variables.",
+)

@@ -12,9 +12,13 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from .commit_metadata import CommitMetadata
 from .errors import ConfigError
 from .instant import Instant
+from .table import Table
 
 
 @dataclass(frozen=True)
@@ -67,3 +71,36 @@ def strategy_named(name: str) -> ConflictStrategy:
     if not callable(found):
         raise ConfigError(f"conflict resolution strategy {name!r} is not callable")
     return found
+
+
+def record_key_overlap(
+    table: Table, instant_time: str, mine: CommitMetadata, winners: Sequence[Candidate]
+) -> list[Conflict]:
+    """Winners that wrote a record with a key this write inserted too, in the same partition.
+
+    Concurrent inserts of one new key into different file groups do not overlap by file group, yet
+    leave two records with one key. Keys are read from the files only (the ``_hoodie_record_key`` and
+    ``_hoodie_commit_time`` columns), and only when there is a winner to compare with.
+    """
+    if not winners:
+        return []
+    my_keys = _keys_written(table, mine, instant_time)
+    conflicts = []
+    for winner in winners:
+        theirs = _keys_written(table, winner.metadata, winner.instant.requested_time)
+        both = my_keys & theirs
+        if both:
+            conflicts.append(Conflict(winner.instant, frozenset(both)))
+    return conflicts
+
+
+def _keys_written(table: Table, metadata: CommitMetadata, instant_time: str) -> set[tuple[str, str]]:
+    keys: set[tuple[str, str]] = set()
+    for stat in metadata.write_stats:
+        with table.storage.open_input(stat.path) as stream:
+            columns = pq.read_table(stream, columns=["_hoodie_record_key", "_hoodie_commit_time"])
+        mask = pc.equal(columns.column("_hoodie_commit_time"), instant_time)
+        keys.update(
+            (stat.partition_path, k) for k in columns.column("_hoodie_record_key").filter(mask).to_pylist()
+        )
+    return keys

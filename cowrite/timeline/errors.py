@@ -58,12 +58,14 @@ class CommitFailedError(CowriteError):
 class WriteConflictError(CommitFailedError):
     """Another instant that completed since this one began touched the same file groups."""
 
-    def __init__(self, table: str, instant: str, winner: str, file_groups: Iterable[str]) -> None:
+    def __init__(
+        self, table: str, instant: str, winner: str, file_groups: Iterable[str], what: str = "file groups"
+    ) -> None:
         groups = sorted(file_groups)
         shown = ", ".join(groups[:10]) + (f" (+{len(groups) - 10} more)" if len(groups) > 10 else "")
         super().__init__(
-            f"write conflict on table {table}: instant {instant} and instant {winner} (completed first) "
-            f"both changed file groups {shown}. Nothing of {instant} is visible; re-run the write, "
+            f"write conflict on table {table}: instant {instant} and instant {winner} (which wins) "
+            f"both changed {what} {shown}. Nothing of {instant} is visible; re-run the write, "
             "which starts a new instant"
         )
         self.table = table

@@ -217,6 +217,21 @@ class Table:
         path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
         return _read_rollback_plan(self.storage, path)
 
+    def pending_plan(self, instant: Instant) -> CommitMetadata | None:
+        """What a pending write plans to touch: its ``.inflight`` plan, else a service's requested plan."""
+        if instant.is_completed:
+            return None
+        inflight = Instant(instant.requested_time, instant.action, State.INFLIGHT)
+        try:
+            data = self.storage.read(self.instant_path(inflight))
+        except FileNotFoundError:
+            return self.service_plan(instant)
+        return (
+            CommitMetadata.from_bytes(data, self.storage.full_path(self.instant_path(inflight)))
+            if data
+            else None
+        )
+
     def service_plan(self, instant: Instant) -> CommitMetadata | None:
         """The plan of a pending table service (clustering), which counts as touching its file groups.
 

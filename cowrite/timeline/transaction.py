@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from . import config as keys
 from .commit_metadata import CommitMetadata
 from .config import Config
-from .conflict import Candidate, ConflictStrategy, strategy_named
+from .conflict import Candidate, ConflictStrategy, record_key_overlap, strategy_named
 from .errors import (
     CommitStateUnknownError,
     CowriteError,
@@ -78,6 +78,7 @@ class Transaction:
         self.begin_timeline = Timeline(())
         self.heartbeat: Heartbeat | None = None
         self.planned: CommitMetadata | None = None
+        self._early_checked = 0.0
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -120,10 +121,36 @@ class Transaction:
         self.planned = planned
 
     def check_alive(self) -> None:
-        """Raise :class:`LeaseLostError` as soon as the writer's lease is gone (fail fast)."""
+        """Raise as soon as the write cannot succeed: its lease is gone (:class:`LeaseLostError`) or,
+        with early conflict detection on, it overlaps a writer that wins (:class:`WriteConflictError`)."""
         if self.heartbeat is None:
             raise CowriteError("the transaction has not begun")
         self.heartbeat.check(margin=0.0)
+        if self.planned is not None and self.options.config.get(keys.EARLY_CONFLICT_DETECTION):
+            now = time.monotonic()
+            if now - self._early_checked >= self.options.config.get(keys.EARLY_CONFLICT_PERIOD_MS) / 1000:
+                self._early_checked = now
+                self._check_early(self.planned)
+
+    def _check_early(self, planned: CommitMetadata) -> None:
+        """Abort while writing if a commit that completed since begin, or a live writer with an earlier
+        instant (which wins by this rule), plans to touch one of our file groups."""
+        timeline = self.table.timeline()
+        rivals = [
+            Candidate(i, self.table.commit_metadata(i))
+            for i in timeline.completed_since(self.begin_timeline.completed().requested_times)
+            if i.action.writes_data
+        ] + [
+            Candidate(i, plan)
+            for i in timeline.pending()
+            if i.action.writes_data
+            and i.requested_time < self.instant_time
+            and (plan := self.table.pending_plan(i)) is not None
+        ]
+        for conflict in self.strategy(planned, rivals):
+            raise WriteConflictError(
+                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
+            )
 
     # -- commit ----------------------------------------------------------------------------------
     def commit(self, metadata: CommitMetadata) -> Instant:
@@ -202,6 +229,16 @@ class Transaction:
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
             )
+        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS):
+            winners = [c for c in candidates if c.instant.is_completed]
+            for conflict in record_key_overlap(self.table, self.instant_time, metadata, winners):
+                raise WriteConflictError(
+                    self.table.name,
+                    self.instant_time,
+                    conflict.winner.requested_time,
+                    conflict.describe(),
+                    what="records with the same keys",
+                )
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""
