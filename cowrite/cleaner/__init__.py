@@ -16,4 +16,13 @@ def service_lock(table: Table, owner: str = "") -> TableLock:
     )
 
 
-__all__ = ["Archived", "Cleaned", "archive", "RolledBack", "clean", "plan_clean", "rollback_failed", "service_lock"]
+__all__ = [
+    "Archived",
+    "Cleaned",
+    "archive",
+    "RolledBack",
+    "clean",
+    "plan_clean",
+    "rollback_failed",
+    "service_lock",
+]

@@ -220,22 +220,31 @@ CLEANER_COMMITS_RETAINED = ConfigKey(
     "Cleaning keeps every file version the last N data commits (and time travel to them) need.",
 )
 KEEP_MIN_COMMITS = ConfigKey(
-    "hoodie.keep.min.commits", 20, int, "Archival leaves at least this many data commits on the active timeline."
+    "hoodie.keep.min.commits",
+    20,
+    int,
+    "Archival leaves at least this many data commits on the active timeline.",
 )
 KEEP_MAX_COMMITS = ConfigKey(
     "hoodie.keep.max.commits", 30, int, "Archival starts once more data commits than this are active."
 )
 EARLY_CONFLICT_DETECTION = ConfigKey(
-    "hoodie.write.concurrency.early.conflict.detection.enable", False, parse_bool,
+    "hoodie.write.concurrency.early.conflict.detection.enable",
+    False,
+    parse_bool,
     "While writing, abort as soon as a commit since begin, or a live writer with an earlier instant, plans "
     "to touch the same file group, instead of after the whole write.",
 )
 EARLY_CONFLICT_PERIOD_MS = ConfigKey(
-    "hoodie.write.concurrency.async.conflict.detector.period_ms", 1_000, int,
+    "hoodie.write.concurrency.async.conflict.detector.period_ms",
+    1_000,
+    int,
     "Least time between two early conflict checks of one writer.",
 )
 CONFLICT_ON_RECORD_KEYS = ConfigKey(
-    "cowrite.write.conflict.record.keys", False, parse_bool,
+    "cowrite.write.conflict.record.keys",
+    False,
+    parse_bool,
     "Also abort the later of two concurrent writers that wrote the same record key into one partition "
     "through different file groups (concurrent inserts of one new key).",
 )
