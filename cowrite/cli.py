@@ -318,6 +318,35 @@ def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
     click.echo(f"deleted {len(done.deleted)} files ({done.clean.file_name})" if done else "nothing to clean")
 
 
+@cli.command()
+@click.argument("path")
+@click.option("--sort-by", multiple=True, help="Sort the clustered file groups by these columns.")
+@click.option("--small-file-limit", type=int, help="File groups below this size are clustered (bytes).")
+@click.option("--target-file-size", type=int, help="Size of the new file groups (bytes).")
+@click.option("--schedule-only", is_flag=True, help="Plan under the lock, do not execute.")
+@click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
+def cluster(path: str, sort_by: Sequence[str], small_file_limit: int | None, target_file_size: int | None,
+            schedule_only: bool, options: Sequence[str]) -> None:
+    """Cluster small file groups: plan under the table lock, then execute every pending plan.
+
+    Run it from one job dedicated to table services (RFC-22: scheduling is not every writer's job).
+    """
+    from .cleaner import service_lock
+    from .writer.clustering import execute_clustering, pending_clusterings, schedule_clustering
+
+    try:
+        table = _with_settings(Table.load(path), options)
+        planned = schedule_clustering(table, service_lock(table), small_file_limit, target_file_size,
+                                      _split(sort_by))
+        click.echo(f"planned {planned.file_name}" if planned else "nothing to cluster")
+        if not schedule_only:
+            for instant in pending_clusterings(table):
+                done = execute_clustering(table, instant)
+                click.echo(f"clustered {done.file_name}")
+    except CowriteError as exc:
+        _fail(exc)
+
+
 @cli.command("archive")
 @click.argument("path")
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. hoodie.keep.max.commits.")

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .timeline.commit_metadata import CommitMetadata
 from .timeline.fs_view import list_base_files
@@ -42,9 +43,9 @@ def slow_write(pause: float, *args: str) -> None:
 
     commit = Transaction.commit
 
-    def paused_commit(self: Transaction, metadata: CommitMetadata) -> Instant:
+    def paused_commit(self: Transaction, metadata: CommitMetadata, **options: Any) -> Instant:
         time.sleep(pause)
-        return commit(self, metadata)
+        return commit(self, metadata, **options)
 
     Transaction.commit = paused_commit  # type: ignore[method-assign]
     sys.argv = ["cowrite", "write", *args]

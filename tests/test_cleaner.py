@@ -51,7 +51,7 @@ def failed_write(table: Table, data: pa.Table) -> Transaction:
     """A writer that wrote its files and died before committing (its heartbeat stops)."""
     transaction: list[Transaction] = []
 
-    def die(self: Transaction, metadata: CommitMetadata) -> None:
+    def die(self: Transaction, metadata: CommitMetadata, **_: object) -> None:
         transaction.append(self)
         raise SystemExit("killed")
 

@@ -249,7 +249,7 @@ def crashed_writer(path: Path, monkeypatch: pytest.MonkeyPatch) -> Scenario:
     write.insert(frame((1, "a", 1, "a1"), (2, "b", 1, "b2")))
     before = {i.path for i in table.storage.walk_files() if i.path.endswith(".parquet")}
 
-    def crash(self: Transaction, metadata: CommitMetadata) -> None:
+    def crash(self: Transaction, metadata: CommitMetadata, **_: object) -> None:
         assert self.heartbeat is not None
         self.heartbeat.stop(delete=False)
         raise SimulatedCrash(self.instant_time)

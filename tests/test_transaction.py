@@ -120,14 +120,20 @@ def test_an_instant_time_is_never_reused(table: Table) -> None:
     assert later not in times and to_millis(later) == to_millis(rollback.requested_time) + 1
 
 
-def test_pending_table_service_plan_counts_as_touched(table: Table) -> None:
+@pytest.mark.parametrize("strategy", ["reject", "allow"])
+def test_pending_clustering_plan_and_priority(table: Table, strategy: str) -> None:
     clustering = Instant("20200101000000000", Action.REPLACE_COMMIT, State.REQUESTED)
     plan = CommitMetadata("cluster", (), {"a": ("g1",)})
     table.storage.create_if_absent(table.instant_path(clustering), plan.to_bytes(Action.REPLACE_COMMIT))
-    writer = Transaction.begin(table, "upsert", options=_options(table))
-    with pytest.raises(WriteConflictError) as caught:
-        writer.commit(CommitMetadata("upsert", (_stat("a", "g1", writer.instant_time),)))
-    assert caught.value.winner == clustering.requested_time
+    options = _options(table, **{"hoodie.clustering.updates.strategy": strategy})
+    writer = Transaction.begin(table, "upsert", options=options)
+    ingestion = CommitMetadata("upsert", (_stat("a", "g1", writer.instant_time),))
+    if strategy == "reject":  # clustering first: its pending plan counts as touched
+        with pytest.raises(WriteConflictError) as caught:
+            writer.commit(ingestion)
+        assert caught.value.winner == clustering.requested_time
+    else:  # ingestion first: the ingestion commits; the clustering will conflict at its own commit
+        assert writer.commit(ingestion).is_completed
 
 
 def test_lost_lease_never_publishes(table: Table) -> None:

@@ -44,7 +44,16 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
     )
     completed = {i.requested_time for i in commits}
     first = timeline.first.requested_time if timeline.first else ""
-    gone = replaced_file_groups(table, [i for i in commits if i.requested_time <= earliest])
+    # A writer that began before a clustering completed may still revert it (ingestion first): the
+    # clustering's inputs stay until no such writer is pending.
+    oldest_pending = min((i.requested_time for i in timeline.pending()), default=None)
+    settled = [
+        i
+        for i in commits
+        if i.requested_time <= earliest
+        and not (oldest_pending and oldest_pending < (i.completion_time or "") and table.is_clustering(i))
+    ]
+    gone = replaced_file_groups(table, settled)
 
     groups: dict[tuple[str, str], list[BaseFile]] = {}
     for base in list_base_files(table):

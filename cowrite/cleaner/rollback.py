@@ -27,6 +27,7 @@ from ..timeline.heartbeat import HeartbeatPolicy, heartbeat_path
 from ..timeline.instant import Action, Instant, State
 from ..timeline.liveness import judge, pending_writers
 from ..timeline.locks import TableLock
+from ..timeline.markers import delete_markers, marked_files
 from ..timeline.service_metadata import RollbackPlan, RollbackResult
 from ..timeline.table import Table
 from ..timeline.timeline import Timeline
@@ -67,6 +68,8 @@ def planned_files(table: Table, target: Instant) -> tuple[str, ...]:
                 base = BaseFile.parse(info)
                 if base is not None and base.instant_time == target.requested_time:
                     files.add(info.path)
+    # writers that cannot plan their files up front (the Spark data source) leave markers instead
+    files.update(marked_files(table.storage, target.requested_time))
     return tuple(sorted(files))
 
 
@@ -92,6 +95,7 @@ def _finish(table: Table, lock: TableLock, rollback: Instant, now: float) -> Rol
     plan = table.rollback_plan(rollback)
     for path in plan.files:
         table.storage.delete(path)
+    delete_markers(table.storage, plan.target)
     table.storage.delete(heartbeat_path(plan.target))
     action = Action(plan.target_action)
     for state in (State.INFLIGHT, State.REQUESTED):  # the evidence last

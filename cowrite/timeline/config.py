@@ -325,3 +325,19 @@ STORAGE_OPTIONS_JSON = ConfigKey(
     'fsspec options of the table\'s storage as JSON (S3 endpoint, keys), e.g. {"key": "..."}; for the '
     "Spark data source, whose options are strings. Empty = the AWS environment variables.",
 )
+CLUSTERING_UPDATES_STRATEGY = ConfigKey(
+    "hoodie.clustering.updates.strategy", "allow", lambda v: _clustering_priority(v),
+    "Who wins when ingestion and clustering touch the same file groups: allow (ingestion first: a pending "
+    "clustering aborts, a completed one is reverted) or reject (clustering first: the ingestion aborts). "
+    "Hudi's SparkAllowUpdateStrategy / SparkRejectUpdateStrategy class names are accepted.",
+)
+
+
+def _clustering_priority(value: str) -> str:
+    lowered = value.strip().lower()
+    if lowered in ("allow", "reject"):
+        return lowered
+    for name in ("allow", "reject"):
+        if lowered.endswith(f"spark{name}updatestrategy"):
+            return name
+    raise ValueError(f"{value!r} is neither allow nor reject")

@@ -53,5 +53,13 @@ def judge(
 def pending_writers(
     table: Table, timeline: Timeline, policy: HeartbeatPolicy, now: float | None = None
 ) -> list[PendingInstant]:
-    """Every pending commit/replacecommit with its liveness."""
-    return [judge(table, i, policy, now) for i in timeline.pending().filter(actions=WRITER_ACTIONS)]
+    """Every pending commit/replacecommit with its liveness.
+
+    A table service's plan that nobody executes yet (a requested replacecommit with a plan) is not a
+    write: it has no writer to fail and no files, and waits for its executor however long it takes.
+    """
+    return [
+        judge(table, i, policy, now)
+        for i in timeline.pending().filter(actions=WRITER_ACTIONS)
+        if not (i.state is State.REQUESTED and table.service_plan(i) is not None)
+    ]

@@ -15,6 +15,7 @@ marker without a file (harmless: deleting a missing file is no error), never a f
 
 from __future__ import annotations
 
+from .fs_view import BASE_FILE_EXTENSION
 from .storage import Storage
 
 MARKER_DIR = ".hoodie/.temp"
@@ -31,13 +32,19 @@ def create_marker(storage: Storage, instant: str, file_path: str) -> None:
 
 
 def marked_files(storage: Storage, instant: str) -> list[str]:
-    """Base files (relative paths) that ``instant``'s markers name, sorted."""
+    """Base files (relative paths) that ``instant``'s markers name, sorted.
+
+    Only names of base files of ``instant`` itself count (``..._<instant>.parquet``): a stray or forged
+    marker must never make a cleanup delete data of another commit.
+    """
     prefix = f"{MARKER_DIR}/{instant}/"
-    return sorted(
+    own_suffix = f"_{instant}{BASE_FILE_EXTENSION}"
+    named = (
         info.path[len(prefix) : -len(MARKER_SUFFIX)]
         for info in storage.walk_files(f"{MARKER_DIR}/{instant}")
         if info.path.startswith(prefix) and info.path.endswith(MARKER_SUFFIX)
     )
+    return sorted(path for path in named if path.endswith(own_suffix))
 
 
 def delete_markers(storage: Storage, instant: str) -> None:

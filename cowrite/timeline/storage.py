@@ -61,10 +61,11 @@ class FileInfo:
 class Storage:
     """A table's files on one fsspec file system, rooted at the table's base path."""
 
-    def __init__(self, fs: AbstractFileSystem, root: str, uri: str) -> None:
+    def __init__(self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
         self.uri = uri
+        self.options = dict(options or {})  # what for_uri was given: enough to open it again elsewhere
 
     @staticmethod
     def for_uri(uri: str, **options: Any) -> Storage:
@@ -87,7 +88,11 @@ class Storage:
             raise StorageError(f"cannot open storage for {uri}: {exc}") from exc
         root = fs._strip_protocol(uri if protocol != "file" else rest)
         backend = {"file": LocalStorage, "memory": MemoryStorage, "s3": S3Storage}.get(protocol, Storage)
-        return backend(fs, root, uri if protocol != "file" else rest)
+        return backend(fs, root, uri if protocol != "file" else rest, options)
+
+    def reopen(self) -> Storage:
+        """The same storage opened anew (in another process: a Spark executor, a worker)."""
+        return Storage.for_uri(self.uri, **self.options)
 
     # -- paths -----------------------------------------------------------------------------------
     def full_path(self, path: str) -> str:
@@ -99,7 +104,7 @@ class Storage:
 
     def child(self, path: str) -> Storage:
         """Storage rooted at a sub-directory."""
-        return type(self)(self.fs, self.full_path(path), f"{self.uri.rstrip('/')}/{path}")
+        return type(self)(self.fs, self.full_path(path), f"{self.uri.rstrip('/')}/{path}", self.options)
 
     # -- operations ------------------------------------------------------------------------------
     def read(self, path: str) -> bytes:

@@ -15,7 +15,7 @@ ignore it):
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -190,7 +190,7 @@ class Table:
         return _read_commit_metadata(self.storage, self.instant_path(instant))
 
     def claim_instant(
-        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes = b""
+        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes | Callable[[str], bytes] = b""
     ) -> Instant:
         """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
 
@@ -201,7 +201,8 @@ class Table:
         millis = max(now_millis, max((to_millis(i.requested_time) for i in timeline), default=0) + 1)
         while True:
             instant = Instant(from_millis(millis), action, State.REQUESTED)
-            if self.storage.create_if_absent(self.instant_path(instant), plan):
+            content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
+            if self.storage.create_if_absent(self.instant_path(instant), content):
                 return instant
             millis += 1
 
@@ -216,6 +217,14 @@ class Table:
         """The plan a rollback instant recorded in its ``.requested`` file."""
         path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
         return _read_rollback_plan(self.storage, path)
+
+    def is_clustering(self, instant: Instant) -> bool:
+        """Whether a completed instant is a clustering (a replacecommit of a table service)."""
+        return (
+            instant.is_completed
+            and instant.action is Action.REPLACE_COMMIT
+            and self.commit_metadata(instant).operation in TABLE_SERVICE_OPERATIONS
+        )
 
     def pending_plan(self, instant: Instant) -> CommitMetadata | None:
         """What a pending write plans to touch: its ``.inflight`` plan, else a service's requested plan."""

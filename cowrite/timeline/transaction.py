@@ -28,6 +28,7 @@ from .commit_metadata import CommitMetadata
 from .config import Config
 from .conflict import Candidate, ConflictStrategy, record_key_overlap, strategy_named
 from .errors import (
+    CommitFailedError,
     CommitStateUnknownError,
     CowriteError,
     LeaseLostError,
@@ -39,7 +40,7 @@ from .heartbeat import Heartbeat, HeartbeatPolicy
 from .instant import Action, Instant, State
 from .locks import LockHolder, TableLock, lock_for
 from .storage import FileInfo
-from .table import Table
+from .table import TABLE_SERVICE_OPERATIONS, Table
 from .timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,22 @@ class WriteOptions:
     @property
     def heartbeat_policy(self) -> HeartbeatPolicy:
         return HeartbeatPolicy.from_config(self.config)
+
+
+REVERTED_KEY = "cowrite.reverted.clusterings"
+
+
+@dataclass(frozen=True)
+class Revert:
+    """A replacecommit, claimed and written up to inflight, that undoes clusterings."""
+
+    instant: Instant
+    plan: CommitMetadata
+
+
+# (the losing ingestion, the clusterings it lost to, the current timeline) -> the revert, or None when
+# they cannot be reverted (then the ingestion aborts with the conflict). Called under the table lock.
+RevertClustering = Callable[["Transaction", list[Instant], Timeline], Revert | None]
 
 
 class Transaction:
@@ -103,6 +120,37 @@ class Transaction:
         finally:
             self._release_lock()
         log.debug("began %s on %s", requested, self.table)
+
+    @classmethod
+    def adopt(
+        cls,
+        table: Table,
+        planned: Instant,
+        plan: CommitMetadata,
+        seen: Timeline,
+        options: WriteOptions | None = None,
+    ) -> Transaction:
+        """Take over an instant a table service planned (its ``.requested`` holds the plan).
+
+        Of several executors, only the one that creates ``.inflight`` goes on; the others get
+        :class:`CommitFailedError` before touching anything. ``seen`` is the timeline the plan was
+        made on: commits completed after it are the candidates for conflicts.
+        """
+        inflight = planned.transition(State.INFLIGHT)
+        if not table.storage.create_if_absent(table.instant_path(inflight), plan.to_bytes(planned.action)):
+            raise CommitFailedError(f"{inflight} of {table.uri} is already being executed by another job")
+        transaction = cls(table, planned.action, plan.operation, options or WriteOptions(config=table.config))
+        transaction.instant = inflight
+        transaction.planned = plan
+        transaction.begin_timeline = seen
+        transaction.holder = transaction.lock.holder = transaction.holder.for_instant(planned.requested_time)
+        transaction.heartbeat = Heartbeat(
+            table.storage,
+            planned.requested_time,
+            transaction.options.heartbeat_policy,
+            transaction.holder.owner,
+        ).start()
+        return transaction
 
     @property
     def instant_time(self) -> str:
@@ -153,8 +201,14 @@ class Transaction:
             )
 
     # -- commit ----------------------------------------------------------------------------------
-    def commit(self, metadata: CommitMetadata) -> Instant:
-        """Publish the completed instant, or raise; see the module docstring for the error cases."""
+    def commit(self, metadata: CommitMetadata, revert: RevertClustering | None = None) -> Instant:
+        """Publish the completed instant, or raise; see the module docstring for the error cases.
+
+        ``revert`` lets an ingestion that lost to a clustering win instead, when the table gives
+        ingestion priority (``hoodie.clustering.updates.strategy`` = allow): it writes the clustering's
+        input file groups back as new file groups, which a second replacecommit publishes right after
+        this one, replacing the clustering's output (RFC-22's example of priority).
+        """
         assert self.instant is not None and self.heartbeat is not None
         if self.instant.state is State.REQUESTED:
             self.plan(metadata)
@@ -162,7 +216,7 @@ class Transaction:
             self.heartbeat.check()
             self.lock.acquire()
             try:
-                completed = self._publish(metadata)
+                completed = self._publish(metadata, revert)
             finally:
                 self._release_lock()
         except CommitStateUnknownError:
@@ -176,7 +230,7 @@ class Transaction:
         log.info("committed %s on %s", completed, self.table)
         return completed
 
-    def _publish(self, metadata: CommitMetadata) -> Instant:
+    def _publish(self, metadata: CommitMetadata, revert: RevertClustering | None) -> Instant:
         assert self.instant is not None and self.heartbeat is not None
         timeline = self.table.timeline()
         mine = timeline.get(self.instant_time)
@@ -194,7 +248,7 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
-        self._check_conflicts(metadata, timeline)
+        reverted = self._check_conflicts(metadata, timeline, revert)
         self.heartbeat.check()
         self.lock.check_held()
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
@@ -211,27 +265,54 @@ class Transaction:
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
         self.instant = done
+        if reverted is not None:
+            self._publish_revert(reverted)
         return done
 
-    def _check_conflicts(self, metadata: CommitMetadata, timeline: Timeline) -> None:
+    def _publish_revert(self, revert: Revert) -> None:
+        """Complete the replacecommit that undoes clusterings, right after our own commit."""
+        now = int(self.options.clock() * 1000)
+        completion = self.table.completion_time(self.table.timeline(), revert.instant.requested_time, now)
+        done = revert.instant.transition(State.COMPLETED, completion)
+        if not self.table.storage.create_if_absent(
+            self.table.instant_path(done), revert.plan.to_bytes(Action.REPLACE_COMMIT)
+        ):
+            raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        log.info("reverted clusterings %s with %s", revert.plan.extra.get(REVERTED_KEY), done)
+
+    def _check_conflicts(
+        self, metadata: CommitMetadata, timeline: Timeline, revert: RevertClustering | None
+    ) -> Revert | None:
+        """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
         seen = self.begin_timeline.completed().requested_times
+        is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
+        ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
         candidates = [
             Candidate(instant, self.table.commit_metadata(instant))
             for instant in timeline.completed_since(seen)
             if instant.action.writes_data
-        ] + [
-            Candidate(instant, plan)
-            for instant in timeline.pending()
-            if instant.requested_time != self.instant_time
-            and (plan := self.table.service_plan(instant)) is not None
         ]
-        for conflict in self.strategy(metadata, candidates):
+        if is_service or not ingestion_first:  # pending clustering plans count as touched
+            candidates += [
+                Candidate(instant, plan)
+                for instant in timeline.pending()
+                if instant.requested_time != self.instant_time
+                and (plan := self.table.service_plan(instant)) is not None
+            ]
+        conflicts = self.strategy(metadata, candidates)
+        plan = None
+        if conflicts and revert is not None and ingestion_first and not is_service:
+            winners = [c.winner for c in conflicts]
+            if all(w.is_completed and self.table.is_clustering(w) for w in winners):
+                plan = revert(self, winners, timeline)
+        if conflicts and plan is None:
+            conflict = conflicts[0]
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
             )
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS):
-            winners = [c for c in candidates if c.instant.is_completed]
-            for conflict in record_key_overlap(self.table, self.instant_time, metadata, winners):
+            completed = [c for c in candidates if c.instant.is_completed]
+            for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
                 raise WriteConflictError(
                     self.table.name,
                     self.instant_time,
@@ -239,6 +320,7 @@ class Transaction:
                     conflict.describe(),
                     what="records with the same keys",
                 )
+        return plan
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""

@@ -24,6 +24,7 @@ from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import Action, Instant
 from ..timeline.table import Table
 from ..timeline.transaction import Transaction, WriteOptions
+from .clustering import revert_clusterings
 from .file_group import FileGroupWrite, write_file_group
 from .planning import (
     FILE_ID,
@@ -114,7 +115,8 @@ class LocalWriter:
         except BaseException as exc:
             transaction.abort(exc)
             raise
-        return transaction.commit(metadata)
+        written = {(s.partition_path, s.file_id): s.path for s in metadata.write_stats}
+        return transaction.commit(metadata, revert=revert_clusterings(self.table, written))
 
     def _write_files(
         self, transaction: Transaction, incoming: pa.Table, operation: Operation

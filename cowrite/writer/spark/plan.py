@@ -1,0 +1,204 @@
+"""Planning a Spark write on the driver: from row counts to file groups, before any file is written.
+
+Executors count rows per (task, partition path, file group) first; from those counts alone the driver
+decides every file the write creates — so the ``.inflight`` plan names them all, and a failed write is
+cleaned up from the plan — with the shared planning functions:
+
+- records that update or delete go to the file group that holds their key (the index found it);
+- new records fill small file groups first, then open new ones of the target size
+  (:func:`~cowrite.writer.planning.assign_inserts`, the local engine's rule).
+
+New records of a partition are ranked task by task, in the order each task sees them; a task's
+:class:`~.tasks.Segments` say which file group each of its ranks goes to, so tasks route records without
+talking to each other. For inserts the driver may let a task write the new file groups of its own records
+where they are (*local* file groups: no shuffle); records that fill an existing small file group, which
+must be merged with its base file in one place, are *routed*: shuffled to the task of their file group.
+
+Routed file groups are told apart by their *route key*, the value of the ``BUCKET`` column. Keys are
+picked so that Spark's hash partitioning (``pmod(hash(key), n)``) sends the ``i``-th of ``n`` routed
+file groups to shuffle partition ``i``: one file group per write task, whatever the hash would have done
+to the numbers 0..n-1.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ...timeline.commit_metadata import WriteStat
+from ...timeline.fs_view import BaseFile, FileSystemView
+from ..file_group import FileGroupWrite
+from ..local import _planned
+from ..planning import SizingPolicy, assign_inserts
+from .tasks import BucketWrite, Segments
+
+RouteKeys = Callable[[int], Sequence[int]]  # n -> route keys of shuffle partitions 0..n-1
+
+
+@dataclass(frozen=True)
+class Count:
+    """Rows one task holds of one partition path and file group (None: new records)."""
+
+    task: int
+    partition: str
+    file_id: str | None
+    rows: int
+
+
+@dataclass
+class SparkPlan:
+    """Every file group a write creates, and how rows find theirs."""
+
+    buckets: dict[int, BucketWrite] = field(default_factory=dict)  # route key -> file group
+    updates: dict[tuple[str, str], int] = field(default_factory=dict)  # (partition, file id) -> route key
+    segments: dict[tuple[int, str], Segments] = field(default_factory=dict)  # (task, partition) -> ...
+    local: frozenset[int] = frozenset()  # route keys of file groups written where their rows are
+
+    @property
+    def routed(self) -> list[int]:
+        return sorted(key for key in self.buckets if key not in self.local)
+
+    def planned_stats(self) -> list[WriteStat]:
+        return [_planned(b.write) for _, b in sorted(self.buckets.items(), key=lambda item: item[1].task)]
+
+
+class _Builder:
+    """Numbers file groups in creation order (the write token and sequence numbers use the number)."""
+
+    def __init__(self, instant: str, merge: bool) -> None:
+        self.instant = instant
+        self.merge = merge
+        self.writes: list[FileGroupWrite] = []
+        self.index: dict[tuple[str, str], int] = {}
+        self.local: set[int] = set()
+
+    def add(self, partition: str, file_id: str, base: BaseFile | None, local: bool = False) -> int:
+        known = self.index.get((partition, file_id))
+        if known is not None:
+            return known
+        number = len(self.writes)
+        token = f"{number}-0-1"
+        self.writes.append(FileGroupWrite.create(partition, file_id, self.instant, token, base, self.merge))
+        self.index[(partition, file_id)] = number
+        if local:
+            self.local.add(number)
+        return number
+
+    def finish(
+        self,
+        route_keys: RouteKeys,
+        updates: dict[tuple[str, str], int],
+        segments: dict[tuple[int, str], list],
+    ) -> SparkPlan:
+        routed = [n for n in range(len(self.writes)) if n not in self.local]
+        keys = dict(zip(routed, route_keys(len(routed)), strict=True))
+        keys.update({n: -(n + 1) for n in self.local})  # never shuffled: any key of their own
+        return SparkPlan(
+            buckets={keys[n]: BucketWrite(w, n) for n, w in enumerate(self.writes)},
+            updates={group: keys[n] for group, n in updates.items()},
+            segments={
+                where: Segments(tuple(end for end, _ in parts), tuple(keys[n] for _, n in parts))
+                for where, parts in segments.items()
+            },
+            local=frozenset(keys[n] for n in self.local),
+        )
+
+
+def _inserts_by_partition(counts: Iterable[Count]) -> dict[str, list[tuple[int, int]]]:
+    """partition -> [(task, new records)] in task order."""
+    found: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for c in counts:
+        if c.file_id is None and c.rows:
+            found[c.partition][c.task] += c.rows
+    return {p: sorted(tasks.items()) for p, tasks in found.items()}
+
+
+def _slice(
+    ranges: Sequence[tuple[int, int, int]], start: int, stop: int
+) -> tuple[list[tuple[int, int]], int]:
+    """The parts of global ranks [start, stop) that ``ranges`` ((begin, end, bucket)) cover.
+
+    Returns (local end, bucket) pairs relative to ``start`` and how many ranks they covered.
+    """
+    parts: list[tuple[int, int]] = []
+    covered = 0
+    for begin, end, number in ranges:
+        low, high = max(begin, start), min(end, stop)
+        if low < high:
+            covered += high - low
+            parts.append((high - start, number))
+    return parts, covered
+
+
+def plan_merge(
+    instant: str,
+    counts: Iterable[Count],
+    view: FileSystemView,
+    sizing: SizingPolicy,
+    merge: bool,
+    route_keys: RouteKeys,
+) -> SparkPlan:
+    """Upsert, delete, insert_overwrite: every touched file group and every new record is routed.
+
+    The same file groups as the local engine's ``plan_buckets``: updates to their file group, new
+    records through ``assign_inserts`` over the whole partition (small file groups first).
+    """
+    counts = list(counts)
+    builder = _Builder(instant, merge)
+    updates: dict[tuple[str, str], int] = {}
+    for partition, file_id in sorted({(c.partition, c.file_id) for c in counts if c.file_id is not None}):
+        updates[(partition, file_id)] = builder.add(
+            partition, file_id, view.groups[(partition, file_id)].latest
+        )
+    segments: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for partition, tasks in sorted(_inserts_by_partition(counts).items()):
+        total = sum(rows for _, rows in tasks)
+        ranges, start = [], 0
+        for file_id, base, take in assign_inserts(partition, total, view, sizing):
+            ranges.append((start, start + take, builder.add(partition, file_id, base)))
+            start += take
+        offset = 0
+        for task, rows in tasks:
+            segments[(task, partition)], _ = _slice(ranges, offset, offset + rows)
+            offset += rows
+    return builder.finish(route_keys, updates, segments)
+
+
+def plan_append(
+    instant: str,
+    counts: Iterable[Count],
+    view: FileSystemView,
+    sizing: SizingPolicy,
+    fill_small_files: bool,
+    route_keys: RouteKeys,
+) -> SparkPlan:
+    """Insert, bulk_insert: new records fill small file groups first (routed), the rest stays local.
+
+    Of each partition, the first records (task by task) fill the small file groups ``assign_inserts``
+    picks; each task splits the rest of its own records into new file groups of the target size and
+    writes them itself. That is at most one partly filled file group per task and partition — which
+    the next insert fills — in exchange for no shuffle of the bulk of the data.
+    """
+    builder = _Builder(instant, merge=False)
+    segments: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    empty = FileSystemView(())
+    for partition, tasks in sorted(_inserts_by_partition(counts).items()):
+        total = sum(rows for _, rows in tasks)
+        small, start = [], 0
+        if fill_small_files:
+            for file_id, base, take in assign_inserts(partition, total, view, sizing):
+                if base is None:
+                    break
+                small.append((start, start + take, builder.add(partition, file_id, base)))
+                start += take
+        offset = 0
+        for task, rows in tasks:
+            parts, covered = _slice(small, offset, offset + rows)
+            end = covered
+            for file_id, _, take in assign_inserts(partition, rows - covered, empty, sizing):
+                end += take
+                parts.append((end, builder.add(partition, file_id, None, local=True)))
+            segments[(task, partition)] = parts
+            offset += rows
+    return builder.finish(route_keys, {}, segments)
