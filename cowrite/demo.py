@@ -43,11 +43,11 @@ def slow_write(pause: float, *args: str) -> None:
 
     commit = Transaction.commit
 
-    def paused_commit(self: Transaction, metadata: CommitMetadata, **options: Any) -> Instant:
+    def paused_commit(self: Transaction, metadata: CommitMetadata, *args: Any, **kwargs: Any) -> Instant:
         time.sleep(pause)
-        return commit(self, metadata, **options)
+        return commit(self, metadata, *args, **kwargs)
 
-    Transaction.commit = paused_commit  # type: ignore[method-assign]
+    Transaction.commit = paused_commit  # type: ignore[method-assign,assignment]
     sys.argv = ["cowrite", "write", *args]
     main()
 

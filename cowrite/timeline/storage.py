@@ -61,7 +61,9 @@ class FileInfo:
 class Storage:
     """A table's files on one fsspec file system, rooted at the table's base path."""
 
-    def __init__(self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None
+    ) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
         self.uri = uri

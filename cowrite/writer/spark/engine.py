@@ -351,7 +351,7 @@ class SparkWriter:
             written = (
                 written.repartition(len(plan.routed), BUCKET)
                 .groupBy(BUCKET)
-                .applyInArrow(WriteGroup(context), f"{STAT} string")
+                .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
             )
         stats = self._collect_stats(written, plan)
         return self._metadata(operation, stats, {}, prepared.schema)
@@ -419,7 +419,7 @@ class SparkWriter:
                 tagged.mapInArrow(AssignBuckets(plan.updates, plan.segments), routed_schema)
                 .repartition(len(plan.routed), BUCKET)
                 .groupBy(BUCKET)
-                .applyInArrow(WriteGroup(context), f"{STAT} string")
+                .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
             )
             stats = self._collect_stats(written, plan)
         return self._metadata(operation, stats, replaced, schema)

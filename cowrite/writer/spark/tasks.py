@@ -25,7 +25,7 @@ import dataclasses
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -434,8 +434,16 @@ class WriteGroup:
 
     context: WriteContext
 
-    def __call__(self, key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
-        # (key, table): Spark tells the two forms apart by the number of arguments
+    def as_function(self) -> Callable[[pa.Table], pa.Table]:
+        """A plain function: Spark tells applyInArrow's two call forms apart by counting arguments,
+        and counts ``self`` of a callable object."""
+
+        def write_group(table: pa.Table) -> pa.Table:
+            return self(table)
+
+        return write_group
+
+    def __call__(self, table: pa.Table) -> pa.Table:
         stats: list[str] = []
         if STAT in table.column_names:
             carried = pc.is_valid(table.column(STAT))
