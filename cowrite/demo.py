@@ -47,7 +47,7 @@ def slow_write(pause: float, *args: str) -> None:
         time.sleep(pause)
         return commit(self, metadata, *args, **kwargs)
 
-    Transaction.commit = paused_commit  # type: ignore[method-assign,assignment]
+    Transaction.commit = paused_commit  # type: ignore[method-assign]
     sys.argv = ["cowrite", "write", *args]
     main()
 

@@ -300,12 +300,12 @@ class Transaction:
                 and (plan := self.table.service_plan(instant)) is not None
             ]
         conflicts = self.strategy(metadata, candidates)
-        plan = None
+        undo = None
         if conflicts and revert is not None and ingestion_first and not is_service:
             winners = [c.winner for c in conflicts]
             if all(w.is_completed and self.table.is_clustering(w) for w in winners):
-                plan = revert(self, winners, timeline)
-        if conflicts and plan is None:
+                undo = revert(self, winners, timeline)
+        if conflicts and undo is None:
             conflict = conflicts[0]
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
@@ -320,7 +320,7 @@ class Transaction:
                     conflict.describe(),
                     what="records with the same keys",
                 )
-        return plan
+        return undo
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""
