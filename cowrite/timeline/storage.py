@@ -98,6 +98,13 @@ class Storage:
 
     # -- paths -----------------------------------------------------------------------------------
     def full_path(self, path: str) -> str:
+        """The absolute location of ``path``; a path that would leave the root is refused.
+
+        Paths come from stored files too (plans, overlays, write stats): a forged ``../`` must never make
+        a cleaner delete, or a reader read, anything outside the table.
+        """
+        if not stays_inside(path):
+            raise StorageError(f"refusing path {path!r}: it leaves the table at {self.uri}")
         return f"{self.root}/{path}" if path else self.root
 
     def relative(self, full_path: str) -> str:
@@ -187,6 +194,11 @@ class Storage:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def stays_inside(path: str) -> bool:
+    """Whether a relative path names something under the root (no ``..``, not absolute)."""
+    return not (path.startswith("/") or "\\" in path or "\0" in path or ".." in path.split("/"))
 
 
 def _is_temp(name: str) -> bool:

@@ -39,7 +39,7 @@ from .fs_view import BaseFile
 from .heartbeat import Heartbeat, HeartbeatPolicy
 from .instant import Action, Instant, State
 from .locks import LockHolder, TableLock, lock_for
-from .storage import FileInfo
+from .storage import FileInfo, stays_inside
 from .table import TABLE_SERVICE_OPERATIONS, Table
 from .timeline import Timeline
 
@@ -360,7 +360,7 @@ def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
     files = []
     for stat in plan.write_stats:
         base = BaseFile.parse(FileInfo(stat.path, 0, 0.0))
-        if base is not None and base.instant_time == instant_time:
+        if base is not None and base.instant_time == instant_time and stays_inside(stat.path):
             files.append(stat.path)
         else:
             log.warning(
