@@ -1,0 +1,84 @@
+"""Bootstrap of a plain parquet dataset into a table, on Spark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import hudi_rs
+
+from cowrite.cleaner import rollback_failed, service_lock
+from cowrite.timeline.errors import ConfigError
+from cowrite.timeline.heartbeat import HeartbeatPolicy
+from cowrite.timeline.instant import Action, State
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+from cowrite.writer.spark.bootstrap import bootstrap, hive_partition_fields
+
+
+def dataset(root: Path) -> list[dict[str, object]]:
+    """A hive-style parquet dataset: region=.../day=..., as a data platform already has it."""
+    rows = []
+    for region in ("eu", "us"):
+        for day in (1, 2):
+            part = root / f"region={region}" / f"day={day}"
+            part.mkdir(parents=True)
+            ids = [f"{region}-{day}-{n}" for n in range(3)]
+            pq.write_table(pa.table({"id": ids, "amount": [n * 1.5 for n in range(3)]}), part / "part-0.parquet")
+            rows += [{"id": i, "amount": n * 1.5, "region": region, "day": day} for n, i in enumerate(ids)]
+    return sorted(rows, key=lambda r: str(r["id"]))
+
+
+def test_bootstrap_writes_every_record_once(spark: Any, tmp_path: Path) -> None:
+    expected = dataset(tmp_path / "src")
+    assert hive_partition_fields(Storage.for_uri(str(tmp_path / "src"))) == ["region", "day"]
+    instant = bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
+    table = Table.load(str(tmp_path / "t"))
+    assert table.partition_fields == ("region", "day") and table.hive_style_partitioning
+    assert [(i.action, i.state) for i in table.timeline()] == [(Action.COMMIT, State.COMPLETED)]
+    assert table.commit_metadata(instant).operation == "bulk_insert"
+    assert hudi_rs.rows(read.snapshot(table)) == hudi_rs.snapshot(table.uri) == hudi_rs.rows(
+        pa.Table.from_pylist(expected)
+    )
+    LocalWriter(table).upsert(pa.table({"id": ["eu-1-0"], "amount": [9.0], "region": ["eu"], "day": [1]}))
+    assert [r["amount"] for r in read.snapshot(table).to_pylist() if r["id"] == "eu-1-0"] == [9.0]
+
+
+def test_bootstrap_refuses_a_table_with_instants(spark: Any, tmp_path: Path) -> None:
+    dataset(tmp_path / "src")
+    bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
+    with pytest.raises(ConfigError, match="before any other writer"):
+        bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
+
+
+def test_a_failed_bootstrap_is_rolled_back_lazily(spark: Any, tmp_path: Path) -> None:
+    dataset(tmp_path / "src")
+    script = (
+        "import sys, os, signal\n"
+        "from cowrite.timeline.transaction import Transaction\n"
+        "Transaction.commit = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from cowrite.cli import main\n"
+        "sys.argv = ['cowrite', 'bootstrap', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    dest = str(tmp_path / "t")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "src"), dest, "--record-key", "id", "--master", "local[1]",
+                             "-o", "hoodie.client.heartbeat.interval_in_ms=200"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == -9, result.stderr
+    table = Table.load(dest)
+    assert [i.state for i in table.timeline()] == [State.INFLIGHT]
+    assert read.snapshot(table).num_rows == 0 and hudi_rs.snapshot(dest) == []
+    done = rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config), now=time.time() + 1)
+    assert len(done) == 1 and [i.action for i in table.timeline()] == [Action.ROLLBACK]
+    assert [b for b in Storage.for_uri(dest).walk_files() if b.path.endswith(".parquet")] == []
+    instant = bootstrap(spark, str(tmp_path / "src"), dest, record_key_fields=["id"])  # and again, afresh
+    assert read.snapshot(table).num_rows == 12 and instant.requested_time > done[0].target
