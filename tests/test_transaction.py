@@ -11,7 +11,7 @@ import pytest
 
 from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
 from cowrite.timeline.conflict import Candidate, file_group_overlap
-from cowrite.timeline.errors import LeaseLostError, WriteConflictError
+from cowrite.timeline.errors import LeaseLostError, StorageError, WriteConflictError
 from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import Transaction, WriteOptions
@@ -136,14 +136,26 @@ def test_pending_clustering_plan_and_priority(table: Table, strategy: str) -> No
         assert writer.commit(ingestion).is_completed
 
 
-def test_lost_lease_never_publishes(table: Table) -> None:
+@pytest.mark.parametrize("case", ["paused past the tolerance", "renewals failing"])
+def test_lost_lease_never_publishes(table: Table, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    options = _options(table, **{"hoodie.client.heartbeat.interval_in_ms": "1000"})
+    options = _options(table, **{"hoodie.client.heartbeat.interval_in_ms": "1000"})  # x 2 misses
     transaction = Transaction.begin(table, "insert", options=options)
     assert transaction.heartbeat is not None
     transaction.heartbeat.clock = lambda: clock[0]
     transaction.heartbeat._renewed_at = 0.0
-    clock[0] = 1.5  # 0.5 s of a 2 s lease left: less than the 1 s safety margin
+    if case == "paused past the tolerance":
+        clock[0] = 2.5  # the renewal at commit comes too late: the lease is gone for good
+    else:
+        clock[0] = 1.8  # 0.2 s of lease left, less than the 0.5 s margin, and the storage refuses renewals
+        write = transaction.table.storage.write
+
+        def refuse_heartbeats(path: str, data: bytes) -> None:
+            if path.startswith(".hoodie/.heartbeat/"):
+                raise StorageError("storage down")
+            write(path, data)
+
+        monkeypatch.setattr(transaction.table.storage, "write", refuse_heartbeats)
     with pytest.raises(LeaseLostError):
         transaction.commit(CommitMetadata("insert", (_stat("a", "g1", transaction.instant_time),)))
     assert table.timeline().completed().requested_times == frozenset()

@@ -128,7 +128,7 @@ class Config:
             return key.default
         try:
             return key.parse(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON values
             raise ConfigError(f"invalid value {raw!r} for {key.key}: {exc}. {key.doc}") from None
 
     def require(self, key: ConfigKey[T]) -> T:
@@ -159,12 +159,13 @@ LOCK_WAIT_MS = ConfigKey(
 )
 LOCK_RETRY_WAIT_MS = ConfigKey(
     "hoodie.write.lock.wait_time_ms_between_retry",
-    10,
+    5,
     int,
     "First pause between two tries to take the lock; doubles up to the maximum, with jitter.",
 )
 LOCK_MAX_RETRY_WAIT_MS = ConfigKey(
-    "hoodie.write.lock.max_wait_time_ms_between_retry", 1_000, int, "Longest pause between two tries."
+    "hoodie.write.lock.max_wait_time_ms_between_retry", 50, int,
+    "Longest pause between two tries (short: waiting writers take the lock soon after it is free).",
 )
 ZK_URL = ConfigKey("hoodie.write.lock.zookeeper.url", "", _str, "ZooKeeper host(s), comma-separated.")
 ZK_PORT = ConfigKey("hoodie.write.lock.zookeeper.port", 2181, int, "ZooKeeper port for hosts without one.")
@@ -196,7 +197,7 @@ LEASE_SAFETY_MARGIN_MS = ConfigKey(
     "cowrite.lease.safety.margin.ms",
     -1,
     int,
-    "A writer publishes only if its lease has at least this much time left; -1 = one heartbeat interval.",
+    "A writer publishes only if its lease has at least this much time left; -1 = half a heartbeat interval.",
 )
 RETRIES_ON_CONFLICT = ConfigKey(
     "hoodie.write.num.retries.on.conflict.failures",
@@ -210,6 +211,12 @@ CONFLICT_STRATEGY = ConfigKey(
     _str,
     "How concurrent instants conflict: file-group (overlapping file groups) or a dotted path to a "
     "callable; Hudi's SimpleConcurrentFileWritesConflictResolutionStrategy means file-group.",
+)
+
+# The strategies a table's stored properties may name; a dotted path is honoured only from a writer's own
+# options (see Table.open).
+BUILTIN_CONFLICT_STRATEGIES = frozenset(
+    {"file-group", "org.apache.hudi.client.transaction.SimpleConcurrentFileWritesConflictResolutionStrategy"}
 )
 
 # -- table services ------------------------------------------------------------------------------------
@@ -316,7 +323,25 @@ UPSERT_SHUFFLE_PARALLELISM = ConfigKey(
     "hoodie.upsert.shuffle.parallelism",
     0,
     int,
-    "Tasks that deduplicate and tag upserts, deletes and insert_overwrites; 0 = spark.sql.shuffle.partitions.",
+    "Tasks that deduplicate upserts, deletes and insert_overwrites; 0 = as many as the input has.",
+)
+
+
+def _parse_filters(value: str) -> tuple[tuple[object, ...], ...]:
+    import json  # only this key parses JSON
+
+    found = json.loads(value) if value.strip() else []
+    if not isinstance(found, list) or not all(isinstance(f, list) and 2 <= len(f) <= 3 for f in found):
+        raise ValueError("expected a JSON list of [column, op] or [column, op, value]")
+    return tuple(tuple(f) for f in found)
+
+
+READ_FILTERS: ConfigKey[tuple[tuple[object, ...], ...]] = ConfigKey(
+    "cowrite.read.filters",
+    (),
+    _parse_filters,
+    'Data source reads: filters as JSON, e.g. [["region", "=", "eu"], ["day", ">=", "2026-01-01"]]; those '
+    "on partition columns prune the partitions listed and read, all of them filter the rows.",
 )
 STORAGE_OPTIONS_JSON = ConfigKey(
     "cowrite.storage.options",

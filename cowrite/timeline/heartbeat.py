@@ -37,7 +37,7 @@ def heartbeat_path(instant: str) -> str:
 class HeartbeatPolicy:
     interval: float = 60.0  # seconds
     tolerable_misses: int = 2
-    safety_margin: float | None = None  # seconds; None = one interval
+    safety_margin: float | None = None  # seconds; None = half an interval
 
     @classmethod
     def from_config(cls, config: Config) -> HeartbeatPolicy:
@@ -54,7 +54,10 @@ class HeartbeatPolicy:
 
     @property
     def margin(self) -> float:
-        margin = self.interval if self.safety_margin is None else self.safety_margin
+        # Right after a renewal a writer has the whole tolerance (interval x misses) left, and at least
+        # tolerance - interval just before the next one: half an interval below that keeps a writer whose
+        # renewals are on time from ever failing its own check.
+        margin = self.interval / 2 if self.safety_margin is None else self.safety_margin
         return min(margin, self.tolerance / 2)
 
 
@@ -75,7 +78,7 @@ def abort_reason(storage: Storage, instant: str) -> str | None:
     """
     try:
         payload = json.loads(storage.read(heartbeat_path(instant)))
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, ValueError, RecursionError):  # RecursionError: absurdly deep JSON
         return None
     reason = payload.get("aborted") if isinstance(payload, dict) else None
     return reason if isinstance(reason, str) else None

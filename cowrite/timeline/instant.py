@@ -17,6 +17,7 @@ import enum
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from .errors import CowriteError
 
@@ -28,8 +29,19 @@ class InvalidInstantError(CowriteError, ValueError):
     """A string is not an instant time or an instant file name."""
 
 
+# 0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z: the moments 17 digits can name
+_MIN_MILLIS = -62135596800000
+_MAX_MILLIS = 253402300799999
+
+
 def from_millis(millis: int) -> str:
-    """The instant time of a moment given in milliseconds since the epoch (UTC)."""
+    """The instant time of a moment given in milliseconds since the epoch (UTC).
+
+    Raises :class:`InvalidInstantError` outside years 1 to 9999 (a timeline holding an instant at the end
+    of time leaves no later time to take).
+    """
+    if not _MIN_MILLIS <= millis <= _MAX_MILLIS:
+        raise InvalidInstantError(f"{millis} ms since the epoch has no instant time (years 1 to 9999)")
     moment = datetime.fromtimestamp(millis // 1000, tz=UTC)
     return f"{moment.year:04d}{moment.strftime('%m%d%H%M%S')}{millis % 1000:03d}"
 
@@ -119,28 +131,34 @@ class Instant:
             return f"{self.requested_time}.inflight"
         return f"{self.requested_time}.{self.action}.{self.state.name.lower()}"
 
-    @classmethod
-    def parse(cls, file_name: str) -> Instant:
+    @staticmethod
+    def parse(file_name: str) -> Instant:
         """The instant named by a timeline file name; raises :class:`InvalidInstantError`."""
-        times, _, suffix = file_name.partition(".")
-        parts = suffix.split(".")
-        try:
-            if parts == ["inflight"]:
-                action, state = Action.COMMIT, State.INFLIGHT
-            elif len(parts) == 1:
-                action, state = Action(parts[0]), State.COMPLETED
-            elif len(parts) == 2 and parts[1] in ("requested", "inflight"):
-                action, state = Action(parts[0]), State[parts[1].upper()]
-            else:
-                raise ValueError(suffix)
-        except ValueError:
-            raise InvalidInstantError(f"{file_name!r} is not a timeline file name") from None
-        requested, underscore, completion = times.partition("_")
-        if bool(underscore) != (state is State.COMPLETED):
-            raise InvalidInstantError(
-                f"{file_name!r}: completed instants, and only they, carry a completion time"
-            )
-        return cls(check_time(requested), action, state, check_time(completion) if underscore else None)
+        return _parse(file_name)
 
     def __str__(self) -> str:
         return self.file_name
+
+
+# Writers list the timeline several times per commit and see the same names again and again.
+@lru_cache(maxsize=1 << 16)
+def _parse(file_name: str) -> Instant:
+    times, _, suffix = file_name.partition(".")
+    parts = suffix.split(".")
+    try:
+        if parts == ["inflight"]:
+            action, state = Action.COMMIT, State.INFLIGHT
+        elif len(parts) == 1:
+            action, state = Action(parts[0]), State.COMPLETED
+        elif len(parts) == 2 and parts[1] in ("requested", "inflight"):
+            action, state = Action(parts[0]), State[parts[1].upper()]
+        else:
+            raise ValueError(suffix)
+    except ValueError:
+        raise InvalidInstantError(f"{file_name!r} is not a timeline file name") from None
+    requested, underscore, completion = times.partition("_")
+    if bool(underscore) != (state is State.COMPLETED):
+        raise InvalidInstantError(
+            f"{file_name!r}: completed instants, and only they, carry a completion time"
+        )
+    return Instant(check_time(requested), action, state, check_time(completion) if underscore else None)

@@ -51,7 +51,9 @@ class Attempts:
         if policy.max_tries is not None and self.tries >= policy.max_tries:
             raise StopIteration
         if self.tries:
-            pause = min(policy.max_delay, policy.delay * policy.backoff ** (self.tries - 1))
+            # the exponent stops growing once the pause is at its maximum (a float power overflows at ~1000)
+            growth = policy.backoff ** min(self.tries - 1, 64)
+            pause = min(policy.max_delay, policy.delay * growth)
             pause *= 1 - policy.jitter * policy.rng.random()
             remaining = self.remaining()
             if remaining is not None:

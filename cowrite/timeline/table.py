@@ -15,6 +15,7 @@ ignore it):
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -35,6 +36,8 @@ from .instant import Action, Instant, State, from_millis, to_millis
 from .service_metadata import RollbackPlan
 from .storage import Storage
 from .timeline import TIMELINE_DIR, Timeline
+
+log = logging.getLogger(__name__)
 
 PROPERTIES_FILE = ".hoodie/hoodie.properties"
 TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
@@ -82,7 +85,19 @@ class Table:
                 f"{storage.uri} is not a cowrite/Hudi table: {path} does not exist. "
                 "Check the path, or create a table there with `cowrite init`"
             ) from None
-        table = cls(storage, Config(parse_properties(data, path)))
+        values = parse_properties(data, path)
+        strategy = values.get(keys.CONFLICT_STRATEGY.key)
+        if strategy is not None and strategy.strip() not in keys.BUILTIN_CONFLICT_STRATEGIES:
+            # A dotted path is imported and called by every writer: code chosen by whoever can write the
+            # table's files. Only a writer's own options may name one.
+            log.warning(
+                "ignoring %s=%s in %s: a custom conflict strategy is taken from write options only",
+                keys.CONFLICT_STRATEGY.key,
+                strategy,
+                path,
+            )
+            del values[keys.CONFLICT_STRATEGY.key]
+        table = cls(storage, Config(values))
         table._validate(path)
         return table
 
@@ -198,7 +213,8 @@ class Table:
         the time after the timeline's newest instant keeps times unique and ordered whatever the
         claimants' clocks (callers hold the table lock, so ``timeline`` is current).
         """
-        millis = max(now_millis, max((to_millis(i.requested_time) for i in timeline), default=0) + 1)
+        newest = max(timeline.requested_times, default=None)  # times sort as strings: convert one only
+        millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
         while True:
             instant = Instant(from_millis(millis), action, State.REQUESTED)
             content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time

@@ -102,7 +102,7 @@ class Transaction:
     def begin(
         cls, table: Table, operation: str, action: Action = Action.COMMIT, options: WriteOptions | None = None
     ) -> Transaction:
-        transaction = cls(table, action, operation, options or WriteOptions())
+        transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
         transaction._begin()
         return transaction
 
@@ -114,11 +114,25 @@ class Transaction:
             self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
             self.instant = requested
             self.begin_timeline = timeline
-            self.heartbeat = Heartbeat(
+            heartbeat = Heartbeat(
                 self.table.storage, requested.requested_time, self.options.heartbeat_policy, self.holder.owner
-            ).start()
+            )
+            self.heartbeat = heartbeat
+            # The claim counts only if the lock was held while making it. A writer paused (or slowed by
+            # its storage) past the lock's lease may have been expired, and others may have claimed
+            # later times meanwhile: its time, picked from a stale timeline, could then be older than
+            # theirs, and readers that checkpoint by requested time would skip it. Lock expiry is final,
+            # so a lock still held now was held throughout.
+            try:
+                self.lock.check_held()
+            except LeaseLostError:
+                heartbeat.mark_aborted("lease-lost")  # rolled back at once, not after the tolerance
+                raise
         finally:
             self._release_lock()
+        # Outside the lock: until its first heartbeat a new instant is judged by its .requested file,
+        # which was just written, so nobody can take it for failed meanwhile.
+        heartbeat.start()
         log.debug("began %s on %s", requested, self.table)
 
     @classmethod
@@ -213,6 +227,7 @@ class Transaction:
         if self.instant.state is State.REQUESTED:
             self.plan(metadata)
         try:
+            self.heartbeat.renew()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
             self.lock.acquire()
             try:
@@ -226,7 +241,10 @@ class Transaction:
             # nothing was published: whatever went wrong, the write definitely did not commit
             self.abort(exc)
             raise
-        self.heartbeat.stop(delete=True)
+        try:
+            self.heartbeat.stop(delete=True)
+        except CowriteError as exc:  # committed all the same; the cleaner collects a stray heartbeat
+            log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
         log.info("committed %s on %s", completed, self.table)
         return completed
 

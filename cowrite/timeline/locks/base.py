@@ -46,7 +46,7 @@ class LockHolder:
                 raise TypeError("owner and instant must be strings")
             if not isinstance(waited, int):
                 raise TypeError("waited_ms must be an integer")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CorruptTimelineError(path, f"not a lock payload ({exc})") from None
         return cls(owner=owner, instant=instant, waited_ms=waited)
 

@@ -43,6 +43,8 @@ _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
 # Expiring a stale lock or dropping a bogus one is followed by another try without pausing; this bounds
 # how often in a row, so a storage that keeps misbehaving still reaches the retry policy's pauses.
 _IMMEDIATE_RETRIES = 3
+# Lock files a releasing holder leaves behind it (older ones it deletes, see release).
+_KEPT_ON_RELEASE = 16
 
 
 def acquired_path(lock_id: int) -> str:
@@ -101,7 +103,7 @@ def read_release(storage: Storage, lock_id: int) -> dict[str, object]:
         payload = json.loads(storage.read(path))
         if not isinstance(payload, dict) or not isinstance(payload.get("owner"), str):
             raise ValueError("no owner")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # deep nesting exhausts the JSON decoder's recursion
         raise CorruptTimelineError(storage.full_path(path), f"not a lock release ({exc})") from None
     return payload
 
@@ -319,7 +321,12 @@ class FileSystemLock(TableLock):
             return _Outcome.BUSY
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. Only an id that is still the highest counts.
-        higher = _scan(self.storage).highest
+        try:
+            higher = _scan(self.storage).highest
+        except BaseException:
+            # we may hold it, but cannot tell: give it back rather than leave it to expire
+            _write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
+            raise
         if higher > candidate:
             log.warning(
                 "lock%d on %s was created from a stale view (lock%d exists); releasing it and retrying",
@@ -382,6 +389,12 @@ class FileSystemLock(TableLock):
                 _describe_release(self.storage, lock_id),
             )
         self._id = None
+        # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
+        # go, so the stale-view check above (our id must be the highest) still holds.
+        old = lock_id - _KEPT_ON_RELEASE
+        if old > 0:
+            self.storage.delete(acquired_path(old))  # .acquired first: a lone .released reads as free
+            self.storage.delete(released_path(old))
 
     def check_held(self) -> None:
         lock_id = self._id

@@ -1,0 +1,728 @@
+"""Several real writer processes on one table: concurrency, write conflicts, kill -9, SIGSTOP, clock skew.
+
+Every writer is a process of its own (``support/writer_process.py``); faults are real signals, injected at
+protocol steps the writer reports by a file (the pause is monkeypatched inside the writer process only).
+Every scenario checks the exact row set — with cowrite's reader and with hudi-rs — and the exact timeline.
+Waits poll for files with bounded timeouts; nothing sleeps for a fixed long time.
+
+Rows are compared as ``(id, part, value, _hoodie_commit_time)``: a row must carry the requested time of the
+instant that last wrote it, and copied rows keep theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hudi import HudiTableBuilder
+from kazoo.client import KazooClient
+from support import writer_process
+from support.servers import S3Server, ZooKeeperServer
+
+from cowrite.timeline import config as keys
+from cowrite.timeline.heartbeat import HEARTBEAT_DIR, heartbeat_age, heartbeat_path
+from cowrite.timeline.instant import State
+from cowrite.timeline.locks.filesystem import LOCK_DIR, current_lock, read_release
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.timeline.timeline import TIMELINE_DIR, Timeline
+from cowrite.timeline.transaction import WriteOptions
+from cowrite.writer.local import LocalWriter
+from cowrite.writer.read import snapshot
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(writer_process.__file__)
+TESTS = Path(__file__).resolve().parent
+
+EXIT_OK, EXIT_CONFLICT, EXIT_LEASE_LOST = 0, 3, 5
+
+# Short pauses between lock tries, and a total wait no scenario should ever come near.
+QUICK_LOCK = {
+    keys.LOCK_WAIT_MS.key: "30000",
+    keys.LOCK_RETRY_WAIT_MS.key: "5",
+    keys.LOCK_MAX_RETRY_WAIT_MS.key: "50",
+}
+# A writer is failed 0.4 s after its last heartbeat: fault scenarios recover in well under a second.
+FAST_HEARTBEAT = {
+    keys.HEARTBEAT_INTERVAL_MS.key: "200",
+    keys.HEARTBEAT_TOLERABLE_MISSES.key: "2",
+}
+TOLERANCE = 0.4
+
+WAIT = 30.0  # upper bound of any single wait; a healthy run needs a small fraction of it
+
+Row = tuple[str, str, str, str]  # id, partition, value, _hoodie_commit_time
+Rows = dict[str, tuple[str, str, str]]  # id -> (partition, value, _hoodie_commit_time)
+
+
+# -- the table and its readers ---------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """The table under test and how each party reaches it (this process, the writers, hudi-rs)."""
+
+    uri: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # for writer processes
+    hudi_options: dict[str, str] = field(default_factory=dict)
+    name: str = field(default_factory=lambda: f"t_{uuid.uuid4().hex[:12]}")
+
+    def create(self) -> Table:
+        return Table.create(
+            self.uri,
+            name=self.name,
+            record_key_fields=["id"],
+            partition_fields=["part"],
+            ordering_fields=["ts"],
+            storage_options=self.storage_options,
+        )
+
+    @property
+    def storage(self) -> Storage:
+        return Storage.for_uri(self.uri, **self.storage_options)
+
+    def table(self) -> Table:
+        return Table.open(self.storage)
+
+    def timeline(self) -> Timeline:
+        return Timeline.load(self.storage)
+
+    def timeline_files(self) -> set[str]:
+        return {info.name for info in self.storage.list(TIMELINE_DIR)}
+
+    def data_files(self) -> set[str]:
+        return {i.path for i in self.storage.walk_files() if not i.path.startswith(".hoodie/")}
+
+
+def local_target(tmp_path: Path) -> Target:
+    return Target(str(tmp_path / "table"))
+
+
+def s3_target(server: S3Server) -> Target:
+    return Target(
+        f"s3://{server.bucket}/concurrency-{uuid.uuid4().hex}",
+        storage_options=server.storage_options(),
+        env=server.env(),
+        hudi_options={
+            "aws_endpoint_url": server.endpoint_url,
+            "aws_access_key_id": server.env()["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": server.env()["AWS_SECRET_ACCESS_KEY"],
+            "aws_region": server.env()["AWS_DEFAULT_REGION"],
+            "aws_allow_http": "true",
+        },
+    )
+
+
+def _rows(table: pa.Table) -> list[Row]:
+    columns = [table.column(c).to_pylist() for c in ("id", "part", "value", "_hoodie_commit_time")]
+    return sorted(zip(*columns, strict=True))
+
+
+def cowrite_rows(target: Target) -> list[Row]:
+    return _rows(snapshot(target.table(), with_meta=True))
+
+
+def hudi_rows(target: Target) -> list[Row]:
+    builder = HudiTableBuilder.from_base_uri(target.uri)
+    if target.hudi_options:
+        builder = builder.with_storage_options(target.hudi_options)
+    batches = builder.build().read()
+    if not batches:
+        return []
+    return _rows(pa.Table.from_batches(batches))
+
+
+def assert_rows(target: Target, expected: Rows) -> None:
+    """Both readers see exactly ``expected``: id -> (partition, value, commit time)."""
+    want = sorted((key, *row) for key, row in expected.items())
+    assert cowrite_rows(target) == want, "cowrite's snapshot differs"
+    assert hudi_rows(target) == want, "hudi-rs's snapshot differs"
+
+
+def seed(target: Target, keys_: list[str], partition: str = "p0") -> tuple[str, Rows]:
+    """Commit ``keys_`` (value "seed", ts 0) from this process; the instant time and the rows."""
+    table = target.create()
+    data = pa.table({
+        "id": keys_, "part": [partition] * len(keys_), "ts": pa.array([0] * len(keys_), pa.int64()),
+        "value": ["seed"] * len(keys_),
+    })
+    writer = LocalWriter(table, WriteOptions(config=table.config.with_values(QUICK_LOCK)))
+    instant = writer.insert(data).requested_time
+    return instant, {k: (partition, "seed", instant) for k in keys_}
+
+
+def instant_files(target: Target, instant: str) -> set[str]:
+    return {name for name in target.timeline_files() if name.startswith(instant)}
+
+
+def pending_files(instant: str, state: State) -> set[str]:
+    """Timeline files of a ``commit`` instant that stopped in ``state``."""
+    files = {f"{instant}.commit.requested"}
+    if state >= State.INFLIGHT:
+        files.add(f"{instant}.inflight")
+    return files
+
+
+def completed_files(instant: str, completion: str) -> set[str]:
+    return {f"{instant}.commit.requested", f"{instant}.inflight", f"{instant}_{completion}.commit"}
+
+
+def data_files_of(target: Target, instant: str) -> set[str]:
+    return {path for path in target.data_files() if path.endswith(f"_{instant}.parquet")}
+
+
+def heartbeat_of(target: Target, instant: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(target.storage.read(heartbeat_path(instant))))
+    except FileNotFoundError:
+        return None
+
+
+def batch(partition: str, keys_: list[str], value: str, ts: int = 1) -> dict[str, Any]:
+    return {"partition": partition, "keys": keys_, "value": value, "ts": ts}
+
+
+def expected_rows(groups: list[dict[str, Any]], instant: str) -> Rows:
+    return {key: (g["partition"], g["value"], instant) for g in groups for key in g["keys"]}
+
+
+# -- writer processes ------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@dataclass
+class Writer:
+    name: str
+    process: subprocess.Popen[bytes]
+    directory: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def file(self, suffix: str) -> Path:
+        return self.directory / f"{self.name}.{suffix}"
+
+    def output(self) -> str:
+        err = self.file("stderr")
+        return err.read_text(errors="replace")[-4000:] if err.exists() else ""
+
+    def wait(self, timeout: float = WAIT) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            message = f"writer {self.name} still running after {timeout} s:\n{self.output()}"
+            raise AssertionError(message) from None
+
+    def finish(self, expect: int, timeout: float = WAIT) -> dict[str, Any]:
+        """Wait for the exit, check its code, and return the writer's summary."""
+        code = self.wait(timeout)
+        assert code == expect, f"writer {self.name} exited {code}, expected {expect}:\n{self.output()}"
+        return dict(json.loads(self.file("result").read_text()))
+
+    def paused(self, timeout: float = WAIT) -> dict[str, Any]:
+        """Wait until the writer reports its pause; the pause's pid, step and instant."""
+        ready = self.file("ready")
+
+        def arrived() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"writer {self.name} exited {self.process.returncode}:\n{self.output()}")
+            return ready.exists()
+
+        wait_until(arrived, f"writer {self.name} to pause", timeout)
+        return dict(json.loads(ready.read_text()))
+
+    def release(self) -> None:
+        self.file("go").touch()
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """kill -9 and reap it."""
+        self.signal(signal.SIGKILL)
+        self.process.wait(timeout=WAIT)
+        assert self.process.returncode == -signal.SIGKILL
+
+
+class Writers:
+    """Starts writer processes for one test; whatever still runs at the end is killed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: list[Writer] = []
+
+    def start(
+        self,
+        target: Target,
+        groups: list[dict[str, Any]],
+        *,
+        name: str,
+        operation: str = "upsert",
+        options: dict[str, str] | None = None,
+        lock_provider: str = "filesystem",
+        skew: float = 0.0,
+        pause_at: str | None = None,
+        release_by_file: bool = False,
+        fail_at: str | None = None,
+        report_tries: int = 0,
+        rounds: int = 1,
+        start_file: Path | None = None,
+        commit_log: Path | None = None,
+        turn: tuple[Path, int, int] | None = None,
+    ) -> Writer:
+        writer_dir = self.directory
+        settings = {**QUICK_LOCK, **(options or {})}
+        command = [
+            sys.executable, str(WORKER), target.uri,
+            "--operation", operation,
+            "--batch", json.dumps(groups),
+            "--rounds", str(rounds),
+            "--lock-provider", lock_provider,
+            "--storage-options", json.dumps(target.storage_options),
+            "--clock-skew", str(skew),
+            "--result", str(writer_dir / f"{name}.result"),
+            "--loaded-file", str(writer_dir / f"{name}.loaded"),
+            "--pause-timeout", str(2 * WAIT),
+        ]
+        for key, value in settings.items():
+            command += ["-o", f"{key}={value}"]
+        if pause_at is not None:
+            command += ["--pause-at", pause_at, "--ready-file", str(writer_dir / f"{name}.ready")]
+            if release_by_file:
+                command += ["--go-file", str(writer_dir / f"{name}.go")]
+        if fail_at is not None:
+            command += ["--fail-at", fail_at]
+        if report_tries:
+            command += ["--tries", str(report_tries), "--tries-file", str(writer_dir / f"{name}.tries")]
+        if start_file is not None:
+            command += ["--start-file", str(start_file)]
+        if commit_log is not None:
+            command += ["--commit-log", str(commit_log)]
+        if turn is not None:
+            command += ["--turn-dir", str(turn[0]), "--turn", str(turn[1]), "--turns", str(turn[2])]
+        env = {**os.environ, **target.env, "PYTHONPATH": str(TESTS)}
+        with open(writer_dir / f"{name}.stderr", "wb") as stderr:
+            process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+            )
+        writer = Writer(name, process, writer_dir)
+        self.started.append(writer)
+        return writer
+
+    def start_together(self, writers: list[Writer], start_file: Path) -> None:
+        """Release writers started with ``start_file`` once all have loaded (imports take most of a start)."""
+        wait_until(lambda: all(w.file("loaded").exists() or w.process.poll() is not None for w in writers),
+                   "all writers to load")
+        start_file.touch()
+
+    def cleanup(self) -> None:
+        for writer in self.started:
+            if writer.process.poll() is None:
+                try:
+                    os.kill(writer.pid, signal.SIGCONT)
+                    os.kill(writer.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                writer.process.wait(timeout=WAIT)
+
+
+@pytest.fixture
+def writers(tmp_path: Path) -> Iterator[Writers]:
+    directory = tmp_path / "writers"
+    directory.mkdir()
+    pool = Writers(directory)
+    yield pool
+    pool.cleanup()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_commit_order(target: Target, log: list[dict[str, Any]], before: list[str]) -> None:
+    """The timeline's completion order is the order commits happened in (the commit log, written under
+    the lock), after the ``before`` instants committed earlier; times are unique and strictly increase."""
+    timeline = target.timeline()
+    completed = timeline.in_completion_order()
+    assert [i.requested_time for i in completed] == [*before, *(entry["instant"] for entry in log)]
+    completions = [i.completion_time or "" for i in completed]
+    assert all(a < b for a, b in zip(completions, completions[1:], strict=False)), completions
+    published = {(i.requested_time, i.completion_time) for i in completed}
+    assert {(e["instant"], e["completion"]) for e in log} <= published
+    for instant in completed:
+        assert instant.completion_time is not None and instant.completion_time > instant.requested_time
+    requested = [i.requested_time for i in timeline]
+    assert len(requested) == len(set(requested))
+    lock_ids = [entry["lock_id"] for entry in log if entry["lock_id"] is not None]
+    assert lock_ids == sorted(set(lock_ids)), f"commits did not happen in lock order: {lock_ids}"
+
+
+def assert_lock_free(target: Target) -> None:
+    lock = current_lock(target.storage)
+    assert lock is None or lock.holder is None, f"lock{lock.lock_id if lock else ''} still held: {lock}"
+
+
+def zookeeper_settings(server: ZooKeeperServer, target: Target, session_ms: int = 10_000) -> dict[str, str]:
+    return {
+        keys.ZK_URL.key: server.hosts,
+        keys.ZK_BASE_PATH.key: "/cowrite-test/concurrency",
+        keys.ZK_LOCK_KEY.key: target.name,
+        keys.ZK_SESSION_TIMEOUT_MS.key: str(session_ms),
+        keys.ZK_CONNECTION_TIMEOUT_MS.key: "10000",
+    }
+
+
+def zookeeper_contenders(server: ZooKeeperServer, target: Target) -> list[str]:
+    client = KazooClient(hosts=server.hosts, timeout=10)
+    client.start(timeout=10)
+    try:
+        path = f"/cowrite-test/concurrency/{target.name}"
+        return list(client.get_children(path)) if client.exists(path) else []
+    finally:
+        client.stop()
+        client.close()
+
+
+# -- 1. disjoint writers all commit ----------------------------------------------------------------
+
+WRITERS = 4
+
+
+@pytest.mark.parametrize("setup", ["filesystem-lock-local", "filesystem-lock-s3", "zookeeper-lock-local"])
+def test_disjoint_writers_started_together_all_commit(
+    setup: str, writers: Writers, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if setup == "filesystem-lock-s3":
+        target = s3_target(request.getfixturevalue("s3_server"))
+    else:
+        target = local_target(tmp_path)
+    target.create()
+    provider, options = "filesystem", {}
+    if setup.startswith("zookeeper"):
+        provider = "zookeeper"
+        options = zookeeper_settings(request.getfixturevalue("zookeeper_server"), target)
+
+    start, log = tmp_path / "start", tmp_path / "commits.log"
+    plans = [[batch(f"p{i}", [f"w{i}-{j}" for j in range(5)], f"writer-{i}")] for i in range(WRITERS)]
+    started = [
+        writers.start(target, plan, name=f"w{i}", operation="insert", lock_provider=provider, options=options,
+                      start_file=start, commit_log=log)
+        for i, plan in enumerate(plans)
+    ]
+    writers.start_together(started, start)
+    results = [w.finish(EXIT_OK, timeout=60) for w in started]
+
+    instants = [r["commits"][0]["instant"] for r in results]
+    assert len(set(instants)) == WRITERS
+    entries = read_log(log)
+    assert len(entries) == WRITERS
+    assert_commit_order(target, entries, before=[])
+    timeline = target.timeline()
+    assert len(timeline) == WRITERS and all(i.is_completed for i in timeline)
+    assert target.timeline_files() == set().union(*(
+        completed_files(r["commits"][0]["instant"], r["commits"][0]["completion"]) for r in results
+    ))
+    assert target.storage.list(HEARTBEAT_DIR) == []
+    if provider == "filesystem":
+        assert_lock_free(target)
+        lock = current_lock(target.storage)
+        assert lock is not None and lock.lock_id >= 2 * WRITERS  # one lock to begin, one to commit, each
+        released = [i.name for i in target.storage.list(LOCK_DIR) if i.name.endswith(".released")]
+        reasons = {json.loads(target.storage.read(f"{LOCK_DIR}/{name}"))["reason"] for name in released}
+        assert reasons == {"released"}, "a live writer's lock was expired"
+    else:
+        assert zookeeper_contenders(request.getfixturevalue("zookeeper_server"), target) == []
+
+    expected: Rows = {}
+    for plan, instant in zip(plans, instants, strict=True):
+        expected |= expected_rows(plan, instant)
+    assert_rows(target, expected)
+
+
+# -- 2. two writers, one file group: exactly one commits -------------------------------------------
+
+
+def test_overlapping_writers_exactly_one_commits(writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(6)])
+    (file_group,) = {p.rsplit("/", 1)[1].split("_")[0] for p in target.data_files()}
+
+    plan_a, plan_b = [batch("p0", ["s0", "s1"], "A")], [batch("p0", ["s3", "s4"], "B")]
+    loser = writers.start(target, plan_a, name="a", pause_at="written", release_by_file=True)
+    instant_a = loser.paused()["instant"]
+    # A's base file is written, its instant pending: nothing of it is visible.
+    assert len(data_files_of(target, instant_a)) == 1
+    assert instant_files(target, instant_a) == pending_files(instant_a, State.INFLIGHT)
+    assert_rows(target, rows)
+
+    winner = writers.start(target, plan_b, name="b")
+    instant_b = winner.finish(EXIT_OK)["commits"][0]["instant"]
+    loser.release()
+    error = loser.finish(EXIT_CONFLICT)["error"]
+
+    assert error["type"] == "WriteConflictError"
+    assert (error["instant"], error["winner"]) == (instant_a, instant_b)
+    assert error["file_groups"] == [f"p0/{file_group}"]
+    for name in (instant_a, instant_b, f"p0/{file_group}"):
+        assert name in error["message"]
+    assert "write conflict" in loser.output()
+
+    timeline = target.timeline()
+    assert [i.requested_time for i in timeline.completed()] == [seeded, instant_b]
+    assert instant_files(target, instant_a) == pending_files(instant_a, State.INFLIGHT)
+    assert data_files_of(target, instant_a) == set(), "the loser's base file was not removed"
+    assert (heartbeat_of(target, instant_a) or {}).get("aborted") == "conflict"  # failed now, not on expiry
+    assert heartbeat_of(target, instant_b) is None
+    assert_lock_free(target)
+    assert_rows(target, rows | expected_rows(plan_b, instant_b))
+
+
+# -- 3. kill -9 at every step ----------------------------------------------------------------------
+
+KILL_STEPS = [
+    pytest.param("claimed", "filesystem", id="kill-while-claiming"),
+    pytest.param("requested", "filesystem", id="kill-after-requested"),
+    pytest.param("mid-write", "filesystem", id="kill-mid-write"),
+    pytest.param("locked", "filesystem", id="kill-holding-lock"),
+    pytest.param("published", "filesystem", id="kill-after-publish"),
+    pytest.param("locked", "zookeeper", id="kill-holding-zookeeper-lock"),
+]
+ZK_SESSION_MS = 2000  # the server's tickTime is 500 ms: sessions may be 1 to 10 s
+
+
+@pytest.mark.parametrize(("step", "provider"), KILL_STEPS)
+def test_kill_9_at_each_step_loses_nothing_and_frees_the_lock(
+    step: str, provider: str, writers: Writers, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(6)])
+    options = dict(FAST_HEARTBEAT)
+    if provider == "zookeeper":
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        options |= zookeeper_settings(server, target, session_ms=ZK_SESSION_MS)
+
+    # The victim updates the seed's file group first, then opens one in p1: two base files to write.
+    victim_plan = [batch("p0", ["s0", "s1", "s2"], "victim"), batch("p1", ["v0", "v1"], "victim")]
+    victim = writers.start(target, victim_plan, name="victim", pause_at=step, lock_provider=provider,
+                           options=options)
+    instant = victim.paused()["instant"]
+    victim.kill()
+
+    published = step == "published"
+    state = {"claimed": State.REQUESTED, "requested": State.REQUESTED, "published": State.COMPLETED}.get(
+        step, State.INFLIGHT
+    )
+    victim_instant = target.timeline().get(instant)
+    assert victim_instant is not None and victim_instant.state is state
+    if published:
+        completion = victim_instant.completion_time or ""
+        assert instant_files(target, instant) == completed_files(instant, completion)
+        rows |= expected_rows(victim_plan, instant)
+    else:
+        assert instant_files(target, instant) == pending_files(instant, state)
+    heartbeat = heartbeat_of(target, instant)
+    if step == "claimed":
+        assert heartbeat is None  # it starts once the claim is made under a lock still held
+    else:
+        assert heartbeat is not None and "aborted" not in heartbeat  # died silently: judged by its age
+    written = {"claimed": 0, "requested": 0, "mid-write": 1}.get(step, 2)
+    assert len(data_files_of(target, instant)) == written
+    assert_rows(target, rows)  # earlier commits intact; a dead write's files invisible
+
+    held = step in ("claimed", "locked", "published")
+    if provider == "filesystem":
+        lock = current_lock(target.storage)
+        assert lock is not None and (lock.holder is not None) == held, lock
+        # A writer takes the lock to begin before it has an instant: that lock names none.
+        if held and lock.holder is not None:
+            assert lock.holder.instant == (None if step == "claimed" else instant)
+        dead_lock = lock.lock_id
+    else:
+        assert len(zookeeper_contenders(server, target)) == 1  # the dead session's node, until it expires
+
+    # Another writer updates the same file group and opens another: it must get the lock and merge onto
+    # the last *committed* base file, never onto the dead writer's garbage.
+    rescue_plan = [batch("p0", ["s2", "s3", "s4"], "rescue", ts=2), batch("p2", ["r0", "r1"], "rescue", ts=2)]
+    began = time.monotonic()
+    rescuer = writers.start(target, rescue_plan, name="rescuer", lock_provider=provider, options=options)
+    result = rescuer.finish(EXIT_OK)
+    took = time.monotonic() - began
+    rescue_instant = result["commits"][0]["instant"]
+
+    if provider == "filesystem" and held:
+        release = read_release(target.storage, dead_lock)
+        assert release["reason"] == "expired", release
+        assert f":{rescuer.pid}:" in str(release["owner"])
+    if provider == "zookeeper":
+        assert zookeeper_contenders(server, target) == []
+        assert took >= ZK_SESSION_MS / 1000 * 0.5, f"the rescuer got the lock after {took:.1f} s"
+    assert took < 20, f"recovering the lock took {took:.1f} s"
+    if provider == "filesystem":
+        assert_lock_free(target)
+
+    rows |= expected_rows(rescue_plan, rescue_instant)
+    assert_rows(target, rows)
+    timeline = target.timeline()
+    expected_completed = [seeded, *([instant] if published else []), rescue_instant]
+    assert [i.requested_time for i in timeline.in_completion_order()] == expected_completed
+    if not published:
+        assert instant_files(target, instant) == pending_files(instant, state)
+
+
+# -- 4. SIGSTOP past the heartbeat tolerance -------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [pytest.param("written", id="stop-after-write"),
+                                  pytest.param("locked", id="stop-holding-lock")])
+def test_a_writer_stopped_past_its_lease_never_commits(step: str, writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(6)])
+    victim_plan = [batch("p0", ["s0", "s1"], "victim"), batch("p1", ["v0"], "victim")]
+    victim = writers.start(target, victim_plan, name="victim", pause_at=step, release_by_file=True,
+                           options=FAST_HEARTBEAT)
+    instant = victim.paused()["instant"]
+    victim_files = data_files_of(target, instant)
+    assert len(victim_files) == 2
+    victim.signal(signal.SIGSTOP)
+    victim.release()  # it goes on as soon as it runs again
+    stopped_lock = current_lock(target.storage)
+
+    other_plan = [batch("p2", ["o0", "o1"], "other")]
+    other = writers.start(target, other_plan, name="other", options=FAST_HEARTBEAT)
+    other_instant = other.finish(EXIT_OK)["commits"][0]["instant"]
+    # The victim's heartbeat is stale by now; make sure it is stale by more than the whole tolerance.
+    wait_until(lambda: (heartbeat_age(target.storage, instant) or 0) > 2 * TOLERANCE, "a stale heartbeat")
+    victim.signal(signal.SIGCONT)
+    error = victim.finish(EXIT_LEASE_LOST)["error"]
+    assert error["type"] == "LeaseLostError", error
+
+    if step == "locked":
+        assert stopped_lock is not None and stopped_lock.holder is not None
+        assert stopped_lock.holder.instant == instant
+        release = read_release(target.storage, stopped_lock.lock_id)
+        assert release["reason"] == "expired" and f":{other.pid}:" in str(release["owner"])
+    assert_lock_free(target)
+    timeline = target.timeline()
+    assert [i.requested_time for i in timeline.in_completion_order()] == [seeded, other_instant]
+    assert instant_files(target, instant) == pending_files(instant, State.INFLIGHT)
+    assert data_files_of(target, instant) == set(), "the stopped writer's files were not removed"
+    assert (heartbeat_of(target, instant) or {}).get("aborted") == "lease-lost"
+    assert_rows(target, rows | expected_rows(other_plan, other_instant))
+
+
+# -- 5. clock skew ---------------------------------------------------------------------------------
+
+SKEWS = (-5.0, 0.0, 5.0)
+ROUNDS = 4
+
+
+@pytest.mark.parametrize("order", ["skew-round-robin", "skew-free-running"])
+def test_skewed_clocks_keep_instants_unique_and_completions_ordered(
+    order: str, writers: Writers, tmp_path: Path
+) -> None:
+    target = local_target(tmp_path)
+    target.create()
+    start, log, turns = tmp_path / "start", tmp_path / "commits.log", tmp_path / "turns"
+    turns.mkdir()
+    plans = [[batch(f"p{k}", [f"k{k}-{j}" for j in range(3)], f"skew{skew:+.0f}")]
+             for k, skew in enumerate(SKEWS)]
+    started = [
+        writers.start(target, plan, name=f"w{k}", operation="insert", skew=skew, rounds=ROUNDS,
+                      start_file=start, commit_log=log,
+                      turn=(turns, k, len(SKEWS)) if order == "skew-round-robin" else None)
+        for k, (plan, skew) in enumerate(zip(plans, SKEWS, strict=True))
+    ]
+    (turns / "turn-0").touch()
+    writers.start_together(started, start)
+    results = [w.finish(EXIT_OK, timeout=60) for w in started]
+
+    entries = read_log(log)
+    assert len(entries) == len(SKEWS) * ROUNDS
+    assert_commit_order(target, entries, before=[])
+    if order == "skew-round-robin":
+        pids = [w.pid for w in started]
+        assert [e["pid"] for e in entries] == pids * ROUNDS
+    instants = [c["instant"] for r in results for c in r["commits"]]
+    assert len(set(instants)) == len(SKEWS) * ROUNDS
+    timeline = target.timeline()
+    assert len(timeline) == len(SKEWS) * ROUNDS and all(i.is_completed for i in timeline)
+
+    expected: Rows = {}
+    for plan, result in zip(plans, results, strict=True):
+        for round_number, commit in enumerate(result["commits"]):
+            for group in plan:
+                row = (group["partition"], group["value"], commit["instant"])
+                expected |= {f"{key}-r{round_number}": row for key in group["keys"]}
+    assert_rows(target, expected)
+
+
+# -- 6. a storage failure while taking the lock -----------------------------------------------------
+
+
+def test_a_storage_failure_while_taking_the_lock_leaves_it_free(writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(3)])
+    # Default heartbeat settings: a leaked lock would block everybody for 2 minutes.
+    victim = writers.start(target, [batch("p1", ["v0"], "victim")], name="victim", fail_at="lock-rescan")
+    error = victim.finish(1)["error"]
+    assert error["type"] == "StorageError" and "injected" in error["message"]
+    assert target.timeline().completed().requested_times == {seeded}
+
+    assert_lock_free(target)  # the writer survived its error: it must not keep a lock it does not know
+    plan = [batch("p2", ["o0"], "other")]
+    other = writers.start(target, plan, name="other", options={keys.LOCK_WAIT_MS.key: "5000"})
+    other_instant = other.finish(EXIT_OK)["commits"][0]["instant"]
+    assert_rows(target, rows | expected_rows(plan, other_instant))
+
+
+# -- 7. a long wait for a busy lock ----------------------------------------------------------------
+
+TRIES = 1100  # past 1024 the retry policy's 2 ** tries no longer fits a float
+
+
+def test_a_writer_waiting_long_for_a_busy_lock_keeps_waiting(writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(3)])
+    holder_plan, waiter_plan = [batch("p1", ["h0"], "holder")], [batch("p2", ["w0"], "waiter")]
+    holder = writers.start(target, holder_plan, name="holder", pause_at="locked", release_by_file=True)
+    holder.paused()
+    # Pauses of about a millisecond (Hudi's own key names): a thousand tries take a second or two.
+    quick = {keys.LOCK_RETRY_WAIT_MS.key: "1", keys.LOCK_MAX_RETRY_WAIT_MS.key: "1",
+             keys.LOCK_WAIT_MS.key: "60000"}
+    waiter = writers.start(target, waiter_plan, name="waiter", options=quick, report_tries=TRIES)
+
+    def waited_long() -> bool:
+        if waiter.process.poll() is not None:
+            raise AssertionError(f"the waiting writer exited {waiter.process.returncode}:\n{waiter.output()}")
+        return waiter.file("tries").exists()
+
+    wait_until(waited_long, f"{TRIES} tries to take the lock")
+    holder.release()
+    holder_instant = holder.finish(EXIT_OK)["commits"][0]["instant"]
+    waiter_instant = waiter.finish(EXIT_OK)["commits"][0]["instant"]
+    assert [i.requested_time for i in target.timeline().in_completion_order()] == [
+        seeded, holder_instant, waiter_instant
+    ]
+    rows |= expected_rows(holder_plan, holder_instant) | expected_rows(waiter_plan, waiter_instant)
+    assert_rows(target, rows)
