@@ -28,6 +28,7 @@ class TimelineFollower:
     def __init__(self, table: Table, use_events: bool = True) -> None:
         self.table = table
         self._names: dict[str, Instant] = {}
+        self._timeline: Timeline | None = None  # built from _names when asked, kept until they change
         self._events: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._observer = None
         self._use_events = use_events and isinstance(table.storage, LocalStorage)
@@ -57,7 +58,9 @@ class TimelineFollower:
 
     @property
     def timeline(self) -> Timeline:
-        return Timeline(self._names.values())
+        if self._timeline is None:  # sorting tens of thousands of instants every poll would dominate it
+            self._timeline = Timeline(self._names.values())
+        return self._timeline
 
     def stop(self) -> None:
         if self._observer is not None:
@@ -89,10 +92,15 @@ class TimelineFollower:
                 continue
             self._names[name] = instant
             added.append(instant)
+        if added:
+            self._timeline = None
         return added
 
     def _remove(self, names: Iterable[str]) -> list[Instant]:
-        return [self._names.pop(name) for name in list(names) if name in self._names]
+        removed = [self._names.pop(name) for name in list(names) if name in self._names]
+        if removed:
+            self._timeline = None
+        return removed
 
     def _watch(self) -> None:
         from watchdog.events import FileSystemEvent, FileSystemEventHandler

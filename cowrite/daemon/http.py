@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import threading
+from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -166,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(
                 {
                     "watermark": overlay.watermark if overlay else None,
-                    "entries": [e.__dict__ for e in entries],
+                    "entries": [asdict(e) for e in entries],
                 }
             )
         else:
@@ -174,7 +175,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         parts = [p for p in urlsplit(self.path).path.split("/") if p]
-        if int(self.headers.get("Content-Length") or 0) > MAX_BODY:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number")
+            return
+        if length > MAX_BODY:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
             return
         if not self._authorized():

@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,9 +22,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from ..cleaner import archive, clean, rollback_failed, service_lock
-from ..cleaner.rollback import planned_files
+from ..cleaner.rollback import collect_heartbeats, planned_files
 from ..timeline import config as keys
-from ..timeline.errors import CowriteError
+from ..timeline.errors import CorruptTimelineError, CowriteError, LockTimeoutError
 from ..timeline.heartbeat import HeartbeatPolicy
 from ..timeline.instant import Action
 from ..timeline.liveness import PendingInstant, pending_writers
@@ -69,6 +70,7 @@ class TableService:
         self.lock: TableLock | None = None
         self.policy = HeartbeatPolicy()
         self.overlay: Overlay | None = None
+        self._overlay_source: Timeline | None = None  # the timeline ``overlay`` was last built from
         self.seen = _Seen()
         self.polls = 0
         self._mutex = threading.Lock()  # one job at a time per table
@@ -85,7 +87,11 @@ class TableService:
             owner = f"cowrite-daemon@{socket.gethostname()}"
             self.lock = service_lock(table, owner)
             self.policy = HeartbeatPolicy.from_config(table.config)
-            self.overlay = Overlay.load(table)
+            try:
+                self.overlay = Overlay.load(table)
+            except CorruptTimelineError as exc:  # the daemon's own file: rebuilt on the first poll
+                log.warning("rebuilding the END_COMMIT_TIME overlay of %s: %s", self.entry.uri, exc)
+                self.overlay = None
             self.table, self.follower = table, follower
             self._count_lock_files(initial=True)
         return self.table
@@ -144,8 +150,14 @@ class TableService:
         self._count_aborts(pending)
         unfinished = timeline.pending().filter(actions=[Action.ROLLBACK])
         if any(p.failed for p in pending) or unfinished:
-            with self._timed("rollback"):
-                done = rollback_failed(table, self.lock, self.policy, now)
+            try:
+                with self._timed("rollback"):
+                    done = rollback_failed(table, self.lock, self.policy, now)
+            except LockTimeoutError as exc:
+                # A live holder keeps the lock: the table is fine and its failed writes (and their garbage)
+                # stay reported; a later poll rolls them back.
+                log.warning("rollback on %s waits for the table lock: %s", self.name, exc)
+                done = []
             for item in done:
                 self.metrics.rollbacks.labels(self.name).inc()
                 self.metrics.deleted_files.labels(self.name, "rollback").inc(len(item.deleted))
@@ -153,11 +165,11 @@ class TableService:
                 self.follower.poll()
                 timeline = self.follower.timeline
                 pending = pending_writers(table, timeline, self.policy, now)
+        else:
+            collect_heartbeats(table, self.policy, now, timeline)  # rollback_failed collects them too
         self._refresh_overlay(table, timeline)
         garbage = self._garbage(table, pending)
-        states: dict[str, int] = {}
-        for instant in timeline:
-            states[instant.state.name.lower()] = states.get(instant.state.name.lower(), 0) + 1
+        states = {state.name.lower(): n for state, n in Counter(i.state for i in timeline).items()}
         self.status = TableStatus(
             self.name,
             self.entry.uri,
@@ -211,10 +223,15 @@ class TableService:
         self.seen.lock_files = names  # ids only grow: a collected name never comes back
 
     def _refresh_overlay(self, table: Table, timeline: Timeline) -> None:
-        overlay = Overlay.build(table, timeline, self.overlay)
+        caught_up = self.overlay is not None and self.overlay.watermark == timeline.latest_completion_time
+        if timeline is self._overlay_source and caught_up:
+            return  # unchanged: the follower hands out the same Timeline until an instant file comes or goes
+        # the watermark comes from the previous look at the timeline (see Overlay.build)
+        overlay = Overlay.build(table, timeline, self.overlay, self._overlay_source or timeline)
         if overlay != self.overlay:
             overlay.save(table)
             self.overlay = overlay
+        self._overlay_source = timeline
 
     def _garbage(self, table: Table, pending: Sequence[PendingInstant]) -> tuple[int, int]:
         files = size = 0

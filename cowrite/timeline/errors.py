@@ -84,3 +84,10 @@ class LeaseLostError(CommitFailedError):
 
 class CommitStateUnknownError(CowriteError):
     """Publishing may or may not have happened; reload the timeline and look for the instant first."""
+
+
+class CheckpointArchivedError(CowriteError):
+    """Commits after an incremental consumer's checkpoint were archived: pulling on would skip them.
+
+    The consumer fell behind archival; it has to start over from a snapshot.
+    """

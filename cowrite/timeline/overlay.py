@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from .errors import CorruptTimelineError
 from .instant import Instant, check_time
@@ -35,6 +36,11 @@ class CommitEntry:
     action: str
     written: tuple[tuple[str, str, str], ...]  # (partition, file id, base file path)
     replaced: tuple[tuple[str, str], ...]  # (partition, file id)
+
+    @cached_property
+    def encoded(self) -> str:
+        """The entry as JSON, as :meth:`Overlay.to_bytes` writes it."""
+        return json.dumps(asdict(self))
 
     @classmethod
     def of(cls, table: Table, instant: Instant) -> CommitEntry:
@@ -55,24 +61,44 @@ class Overlay:
     fence: str | None  # requested time of the oldest pending data write, if any
 
     @classmethod
-    def build(cls, table: Table, timeline: Timeline, previous: Overlay | None = None) -> Overlay:
-        """The overlay of ``timeline``, reading commit files only for commits ``previous`` lacks."""
+    def build(
+        cls,
+        table: Table,
+        timeline: Timeline,
+        previous: Overlay | None = None,
+        earlier: Timeline | None = None,
+    ) -> Overlay:
+        """The overlay of ``timeline``, reading commit files only for commits ``previous`` lacks.
+
+        The watermark comes from ``earlier``, a look at the timeline taken before ``timeline`` was
+        (default: ``timeline`` itself). A listing is no snapshot: one taken while commits land may show a
+        later commit but not an earlier one. Everything that had completed when the earlier look showed
+        its newest commit is certainly in the later one.
+        """
         known = {e.requested_time: e for e in previous.entries} if previous else {}
         entries = tuple(
             known.get(i.requested_time) or CommitEntry.of(table, i)
             for i in timeline.data_commits().in_completion_order()
         )
         pending = [i.requested_time for i in timeline.pending() if i.action.writes_data]
-        return cls(entries, timeline.latest_completion_time, min(pending) if pending else None)
+        watermark = (earlier if earlier is not None else timeline).latest_completion_time
+        return cls(entries, watermark, min(pending) if pending else None)
 
     def since(self, checkpoint: str | None) -> list[CommitEntry]:
         """Entries completed after ``checkpoint`` and at or before the watermark."""
-        return [e for e in self.entries if checkpoint is None or e.completion_time > checkpoint]
+        return [
+            e
+            for e in self.entries
+            if (checkpoint is None or e.completion_time > checkpoint)
+            and self.watermark is not None
+            and e.completion_time <= self.watermark
+        ]
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"watermark": self.watermark, "fence": self.fence, "entries": [asdict(e) for e in self.entries]}
-        ).encode()
+        # Each entry is encoded once (CommitEntry.encoded): the daemon saves the whole overlay whenever the
+        # timeline changes, and re-encoding ten thousand entries each time cost more than all else it does.
+        head = json.dumps({"watermark": self.watermark, "fence": self.fence})
+        return f'{head[:-1]}, "entries": [{", ".join(e.encoded for e in self.entries)}]}}'.encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> Overlay:
@@ -92,7 +118,7 @@ class Overlay:
             for time in (watermark, fence):
                 if time is not None:
                     check_time(time)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CorruptTimelineError(path, f"not an END_COMMIT_TIME overlay ({exc})") from None
         return cls(entries, watermark, fence)
 

@@ -7,16 +7,21 @@ newer instants loads again (writers do, under the lock, before they commit).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
+from .errors import CorruptTimelineError
 from .instant import Action, Instant, InvalidInstantError, State, check_time
 from .storage import Storage
 
 log = logging.getLogger(__name__)
 
 TIMELINE_DIR = ".hoodie/timeline"
+# Archival moves old instants' timeline files into JSON files here (see cowrite.cleaner.archive).
+ARCHIVE_DIR = ".hoodie/.cowrite/archive"
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,13 @@ class Timeline:
     def load(cls, storage: Storage) -> Timeline:
         """List the timeline directory. Files that are not instants are skipped with a warning."""
         instants = []
-        for info in storage.list(TIMELINE_DIR):
-            if info.name.endswith(".crc"):
+        for name in storage.names(TIMELINE_DIR):
+            if name.endswith(".crc") or name == "history":  # history/: Hudi's LSM archive, a directory
                 continue
             try:
-                instants.append(Instant.parse(info.name))
+                instants.append(Instant.parse(name))
             except InvalidInstantError as exc:
-                log.warning("skipping %s/%s: %s", storage.uri, info.path, exc)
+                log.warning("skipping %s/%s/%s: %s", storage.uri, TIMELINE_DIR, name, exc)
         return cls(instants)
 
     # -- access ----------------------------------------------------------------------------------
@@ -144,3 +149,18 @@ class Timeline:
     def completed_since(self, seen: frozenset[str]) -> list[Instant]:
         """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
         return [i for i in self._instants if i.is_completed and i.requested_time not in seen]
+
+
+def archived(storage: Storage) -> Timeline:
+    """The instants archival moved out of the active timeline (from the names of their files)."""
+    return Timeline(i for info in storage.list(ARCHIVE_DIR) for i in _archived_in(storage, info.path))
+
+
+@lru_cache(maxsize=1024)
+def _archived_in(storage: Storage, path: str) -> tuple[Instant, ...]:
+    # archive files are written once and never changed
+    try:
+        records = json.loads(storage.read(path))
+        return tuple(Instant.parse(record["file"]) for record in records)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CorruptTimelineError(storage.full_path(path), f"not an archive of instants ({exc})") from None

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..timeline.errors import CowriteError
+from ..timeline.errors import CheckpointArchivedError, CowriteError
 from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import check_time
 from ..timeline.overlay import CommitEntry, Overlay, entries_of, newest_files
 from ..timeline.table import Table
-from ..timeline.timeline import InstantRange
+from ..timeline.timeline import InstantRange, archived
 from .file_group import read_base_file
 from .records import COMMIT_TIME, META_COLUMNS
 
@@ -104,6 +104,8 @@ def pull(
     """Everything committed since ``checkpoint``, and the checkpoint to store for the next pull.
 
     Every committed record of every commit is returned by exactly one pull, however writers interleave.
+    A consumer that fell so far behind that commits after its checkpoint were archived gets
+    :class:`CheckpointArchivedError` instead of a pull that silently skips them.
     """
     if mode is PullMode.OVERLAY:
         overlay = Overlay.load(table)
@@ -114,10 +116,17 @@ def pull(
         entries = overlay.since(checkpoint)
         new_checkpoint = overlay.watermark if entries else checkpoint
     elif mode is PullMode.COMPLETION_TIME:
+        # Two looks: a listing taken while commits land may show a later commit but not an earlier one;
+        # whatever had completed by the newest commit of the first look is certainly in the second.
+        watermark = table.timeline().latest_completion_time
         timeline = table.timeline()
-        entries = entries_of(table, timeline.completed_in(InstantRange.within(checkpoint, None)))
+        window = InstantRange.within(checkpoint, watermark)
+        entries = entries_of(table, timeline.completed_in(window)) if watermark else []
         new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
     else:
+        # Two looks, as above: instants are claimed in time order, so every instant requested before the
+        # newest one of the first look (pending or not) is in the second.
+        cap = max(table.timeline().requested_times, default=None)
         timeline = table.timeline()
         fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
         ready = [
@@ -125,8 +134,33 @@ def pull(
             for i in timeline.data_commits()
             if (checkpoint is None or i.requested_time > checkpoint)
             and (fence is None or i.requested_time < fence)
+            and cap is not None
+            and i.requested_time <= cap
         ]
         entries = entries_of(table, ready)
         new_checkpoint = max((e.requested_time for e in entries), default=checkpoint)
+    _refuse_if_archived(table, checkpoint, mode)
     rows = _read_entries(table, entries, None, with_meta)
     return Pull(rows, new_checkpoint, tuple(e.requested_time for e in entries))
+
+
+def _refuse_if_archived(table: Table, checkpoint: str | None, mode: PullMode) -> None:
+    """Raise if archival took away a commit this pull would have had to return.
+
+    Called after the timeline or overlay was read: a commit missing from what was read was archived by
+    then, so it is in the archive listed now.
+    """
+    by_completion = mode is not PullMode.FENCE
+    missed = sorted(
+        i.requested_time
+        for i in archived(table.storage).data_commits()
+        if checkpoint is None
+        or ((i.completion_time or "") if by_completion else i.requested_time) > checkpoint
+    )
+    if missed:
+        shown = ", ".join(missed[:5]) + (f" (+{len(missed) - 5} more)" if len(missed) > 5 else "")
+        raise CheckpointArchivedError(
+            f"commits after checkpoint {checkpoint} of table {table.name} were archived before this consumer "
+            f"pulled them ({shown}): pulling on would skip them. Start over from a snapshot, or keep more "
+            "commits on the active timeline (hoodie.keep.min.commits / hoodie.keep.max.commits)"
+        )

@@ -1,0 +1,345 @@
+"""Helpers of the daemon tests (``tests/test_daemon.py``): tables on each backend, in-process daemons,
+writer and daemon processes, and waiting for conditions with a bounded deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.service import Daemon
+from cowrite.timeline import config as keys
+from cowrite.timeline.fs_view import list_base_files
+from cowrite.timeline.heartbeat import HeartbeatPolicy
+from cowrite.timeline.locks.filesystem import read_release
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.timeline.transaction import WriteOptions
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+
+from . import hudi_rs, writer_process
+
+TESTS = Path(__file__).resolve().parent.parent
+WORKER = Path(writer_process.__file__)
+
+POLL = 0.1  # the daemon's poll interval in these tests (S3: 0.25 s; moto answers one request at a time)
+WAIT = 30.0  # bound of any single wait; a healthy run needs a small fraction of it
+QUICK_LOCK = {
+    keys.LOCK_RETRY_WAIT_MS.key: "5",
+    keys.LOCK_MAX_RETRY_WAIT_MS.key: "50",
+}
+
+
+# -- tables ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """A table on one backend, and how this process, writer processes and hudi-rs reach it."""
+
+    uri: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # AWS variables for processes (and the daemon)
+    interval_ms: int = 200
+    misses: int = 2
+    slack: float = 1.0  # what a loaded machine may add to a deadline, on top of the protocol's own bound
+    poll: float = POLL
+
+    @property
+    def settings(self) -> dict[str, str]:
+        return {
+            keys.HEARTBEAT_INTERVAL_MS.key: str(self.interval_ms),
+            keys.HEARTBEAT_TOLERABLE_MISSES.key: str(self.misses),
+            # The default margin (one interval) leaves a healthy writer with 2 misses no slack: just before
+            # each renewal its lease is interval - (renewal time) long, and a commit then is refused.
+            keys.LEASE_SAFETY_MARGIN_MS.key: str(self.interval_ms // 2),
+            **QUICK_LOCK,
+        }
+
+    @property
+    def policy(self) -> HeartbeatPolicy:
+        return HeartbeatPolicy(self.interval_ms / 1000, self.misses)
+
+    @property
+    def tolerance(self) -> float:
+        return self.policy.tolerance
+
+    def create(self) -> Table:
+        return Table.create(
+            self.uri,
+            name="orders",
+            record_key_fields=["id"],
+            partition_fields=["part"],
+            ordering_fields=["ts"],
+            storage_options=self.storage_options,
+        )
+
+    def table(self) -> Table:
+        table = Table.open(Storage.for_uri(self.uri, **self.storage_options))
+        return Table(table.storage, table.config.with_values(self.settings))
+
+    def serving(self, **settings: Any) -> Any:
+        return serving(self.entry(), poll=self.poll, **settings)
+
+    def entry(self, **kwargs: Any) -> TableEntry:
+        return TableEntry(self.uri, settings=self.settings, **kwargs)
+
+
+def rows(ids: list[str], part: str = "p0", ts: int = 1, value: str = "v") -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "part": pa.array([part] * len(ids), pa.string()),
+            "ts": pa.array([ts] * len(ids), pa.int64()),
+            "value": pa.array([value] * len(ids), pa.string()),
+        }
+    )
+
+
+def writer(table: Table) -> LocalWriter:
+    return LocalWriter(table, WriteOptions(config=table.config))
+
+
+Row = tuple[str, str, str, str]  # id, part, value, _hoodie_commit_time
+
+
+def snapshot(target: Target) -> list[Row]:
+    """The snapshot as cowrite reads it, checked to equal what hudi-rs reads (where it can: not memory)."""
+    mine = read.snapshot(target.table(), with_meta=True)
+    found = sorted(
+        zip(
+            *(mine.column(c).to_pylist() for c in ("id", "part", "value", "_hoodie_commit_time")), strict=True
+        )
+    )
+    if target.uri.startswith("memory://"):
+        return found
+    theirs = hudi_rs.snapshot(target.uri, target.storage_options, with_meta=True)
+    assert sorted((r["id"], r["part"], r["value"], r["_hoodie_commit_time"]) for r in theirs) == found
+    return found
+
+
+def data_files(table: Table) -> set[str]:
+    return {b.path for b in list_base_files(table)}
+
+
+# -- waiting and daemons -----------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+    return result
+
+
+@contextmanager
+def serving(
+    *entries: TableEntry, http: bool = False, poll: float = POLL, **settings: Any
+) -> Iterator[Daemon]:
+    """An in-process daemon on a fresh registry, stopped (drained) at the end."""
+    config = DaemonConfig(tables=entries, port=0, poll_interval=poll, **settings)
+    daemon = Daemon(config, registry=CollectorRegistry())
+    daemon.start(serve_http=http)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def sample(daemon: Daemon, name: str, **labels: str) -> float | None:
+    return daemon.registry.get_sample_value(name, labels)
+
+
+def count(daemon: Daemon, name: str, **labels: str) -> float:
+    return sample(daemon, name, **labels) or 0.0
+
+
+def polls_later(daemon: Daemon, polls: int) -> None:
+    """Wait until every table was polled ``polls`` more times."""
+    service = daemon.services[0]
+    start = service.polls
+    wait_until(lambda: service.polls >= start + polls, f"{polls} more polls")
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Processes:
+    """Processes one test started; whatever still runs at the end is killed."""
+
+    directory: Path
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, command: list[str], env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+        with open(self.directory / f"{name}.stderr", "wb") as stderr:
+            process = subprocess.Popen(
+                command,
+                env={**os.environ, **env, "PYTHONPATH": str(TESTS)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        self.started.append(process)
+        return process
+
+    def stderr(self, name: str) -> str:
+        return (self.directory / f"{name}.stderr").read_text(errors="replace")
+
+    def writer(
+        self,
+        target: Target,
+        groups: list[dict[str, Any]],
+        name: str,
+        pause_at: str,
+        release_by_file: bool = False,
+    ) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable,
+            str(WORKER),
+            target.uri,
+            "--batch",
+            json.dumps(groups),
+            "--lock-provider",
+            "filesystem",
+            "--storage-options",
+            json.dumps(target.storage_options),
+            "--pause-at",
+            pause_at,
+            "--ready-file",
+            str(self.directory / f"{name}.ready"),
+            "--pause-timeout",
+            str(2 * WAIT),
+            "--result",
+            str(self.directory / f"{name}.result"),
+        ]
+        for key, value in target.settings.items():
+            command += ["-o", f"{key}={value}"]
+        if release_by_file:
+            command += ["--go-file", str(self.directory / f"{name}.go")]
+        return self.start(command, target.env, name)
+
+    def paused(self, process: subprocess.Popen[bytes], name: str) -> dict[str, Any]:
+        """Wait for a writer to reach its pause; its pid, step and instant."""
+        ready = self.directory / f"{name}.ready"
+
+        def arrived() -> bool:
+            assert process.poll() is None, f"{name} exited {process.returncode}:\n{self.stderr(name)}"
+            return ready.exists()
+
+        wait_until(arrived, f"{name} to pause")
+        return dict(json.loads(ready.read_text()))
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=WAIT)
+
+
+def kill(process: subprocess.Popen[bytes]) -> float:
+    """kill -9; the moment it died."""
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=WAIT)
+    assert process.returncode == -signal.SIGKILL
+    return time.monotonic()
+
+
+def released(storage: Storage, lock_id: int) -> dict[str, object] | None:
+    try:
+        return read_release(storage, lock_id)
+    except FileNotFoundError:
+        return None
+
+
+def get(port: int, path: str, method: str = "GET", token: str | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, body, kind = response.status, response.read(), response.headers["Content-Type"]
+    except urllib.error.HTTPError as error:
+        status, body, kind = error.code, error.read(), error.headers["Content-Type"]
+        error.close()
+    return status, (json.loads(body) if kind == "application/json" else body.decode())
+
+
+def port_of(daemon: Daemon) -> int:
+    return int(daemon.http.server_address[1])  # type: ignore[attr-defined]
+
+
+def daemon_config(tmp_path: Path, tables: list[dict[str, Any]]) -> Path:
+    lines = ["[server]", "port = 0", "[follow]", f"poll_interval_seconds = {POLL}", ""]
+    for table in tables:
+        lines.append("[[tables]]")
+        lines += [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in table.items()]
+        lines.append("")
+    path = tmp_path / f"daemon-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+class DaemonProcess:
+    """``python -m cowrite daemon --config ...``: its JSON log lines and its HTTP port (from the log)."""
+
+    def __init__(
+        self, processes: Processes, config: Path, name: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.processes, self.name = processes, name
+        self.process = processes.start(
+            [sys.executable, "-m", "cowrite", "daemon", "--config", str(config)], env or {}, name
+        )
+
+    def logs(self) -> list[dict[str, Any]]:
+        """Every line on stderr, each parsed as a JSON object (a line that is not one fails the test)."""
+        return [json.loads(line) for line in self.processes.stderr(self.name).splitlines() if line.strip()]
+
+    @property
+    def port(self) -> int:
+        def announced() -> int | None:
+            assert self.process.poll() is None, self.processes.stderr(self.name)
+            for line in self.logs():
+                found = re.fullmatch(r"http on 127\.0\.0\.1:(\d+)", line["event"])
+                if found:
+                    return int(found.group(1))
+            return None
+
+        return int(wait_until(announced, f"{self.name} to serve"))
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = get(self.port, "/metrics")
+        assert status == 200
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def terminate(self) -> float:
+        """SIGTERM; how long it took to exit (0 is required)."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(WAIT) == 0, self.processes.stderr(self.name)
+        return time.monotonic() - started
