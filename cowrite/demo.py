@@ -1,29 +1,56 @@
-"""``cowrite demo``: concurrent writers, a conflict, a killed writer and incremental reads on a local table.
+"""``cowrite demo``: the main job — concurrent Spark writers, the daemon, a conflict, a rollback, and an
+incremental read by completion time, on a local table.
 
-Every step uses the real parts: writer processes are separate ``cowrite write`` commands sharing the table
-through the filesystem lock, and the killed writer is stopped with SIGKILL in the middle of its write.
+Every part is real: the daemon is a ``cowrite daemon`` process serving HTTP on 127.0.0.1, each writer is
+a ``cowrite write --engine spark`` process with its own SparkSession, and the killed writer dies by
+SIGKILL in the middle of its write. The heartbeat tolerance is shortened (1 s x 2) so the daemon's
+rollback happens within seconds instead of minutes.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .timeline.commit_metadata import CommitMetadata
 from .timeline.fs_view import list_base_files
-from .timeline.instant import Instant
+from .timeline.instant import Action, Instant
 from .timeline.table import Table
+from .timeline.transaction import Transaction
 from .writer import read
 
 _COWRITE = [sys.executable, "-m", "cowrite"]
+_FAST_HEARTBEAT = {
+    "hoodie.client.heartbeat.interval_in_ms": "1000",
+    "hoodie.client.heartbeat.tolerable.misses": "2",
+}
+
+
+def slow_write(release: str, *args: str) -> None:
+    """``cowrite write`` that, between writing its files and committing, waits until the file ``release``
+    exists (at most ten minutes): a long backfill, held at the point where the demo needs it."""
+    from .cli import main
+
+    commit = Transaction.commit
+
+    def paused_commit(self: Transaction, metadata: CommitMetadata, *more: Any, **options: Any) -> Instant:
+        deadline = time.time() + 600
+        while not Path(release).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        return commit(self, metadata, *more, **options)
+
+    Transaction.commit = paused_commit  # type: ignore[method-assign]
+    sys.argv = ["cowrite", "write", *args]
+    main()
 
 
 def _batch(directory: Path, name: str, rows: list[dict[str, object]]) -> str:
@@ -36,44 +63,54 @@ def _rows(region: str, ids: range, version: int) -> list[dict[str, object]]:
     return [{"id": i, "region": region, "version": version, "amount": i * 10 + version} for i in ids]
 
 
-def slow_write(pause: float, *args: str) -> None:
-    """``cowrite write`` that pauses between writing its files and committing: a long backfill."""
-    from .cli import main
-    from .timeline.transaction import Transaction
-
-    commit = Transaction.commit
-
-    def paused_commit(self: Transaction, metadata: CommitMetadata, *args: Any, **kwargs: Any) -> Instant:
-        time.sleep(pause)
-        return commit(self, metadata, *args, **kwargs)
-
-    Transaction.commit = paused_commit  # type: ignore[method-assign]
-    sys.argv = ["cowrite", "write", *args]
-    main()
-
-
-def _start_write(table: str, batch: str, pause: float = 0.0) -> subprocess.Popen[str]:
-    args = ["write", table, "--input", batch, "--operation", "upsert"]
+def _spark_write(
+    table: str, batch: str, operation: str = "upsert", hold_until: Path | None = None
+) -> subprocess.Popen[str]:
+    args = [table, "--input", batch, "--operation", operation, "--engine", "spark", "--master", "local[1]"]
     command = (
-        [*_COWRITE, *args]
-        if not pause
+        [*_COWRITE, "write", *args]
+        if hold_until is None
         else [
             sys.executable,
             "-c",
-            "import sys, cowrite.demo as d; d.slow_write(float(sys.argv[1]), *sys.argv[2:])",
-            str(pause),
-            *args[1:],
+            "import sys, cowrite.demo as d; d.slow_write(*sys.argv[1:])",
+            str(hold_until),
+            *args,
         ]
     )
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _outcome(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate()
+    lines = [line for line in (out or err).splitlines() if line.strip()]
+    return f"exit {process.returncode}: {lines[-1] if lines else ''}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (our own loopback daemon)
+        return bytes(response.read())
+
+
+def _wait(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            raise TimeoutError(f"the demo waited {seconds:.0f} s for {what}")
+        time.sleep(0.2)
+
+
 def run(path: str | None = None, say: Callable[[str], None] = print) -> None:
     work = Path(tempfile.mkdtemp(prefix="cowrite-demo-"))
     table_path = path or str(work / "orders")
-    if path and Path(path).exists():
-        shutil.rmtree(path)
     say(f"== a table at {table_path}")
+    settings = [arg for key, value in _FAST_HEARTBEAT.items() for arg in ("-o", f"{key}={value}")]
     subprocess.run(
         [
             *_COWRITE,
@@ -87,53 +124,125 @@ def run(path: str | None = None, say: Callable[[str], None] = print) -> None:
             "version",
             "--name",
             "orders",
+            *settings,
         ],
         check=True,
     )
     table = Table.load(table_path)
+    subprocess.run(
+        [
+            *_COWRITE,
+            "write",
+            table_path,
+            "--operation",
+            "insert",
+            "--input",
+            _batch(work, "history", _rows("us", range(100, 130), 1)),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
-    say("== two writers (ingestion into 'eu', backfill into 'us') commit at the same time")
-    writers = [
-        _start_write(table_path, _batch(work, "ingest", _rows("eu", range(0, 50), 1))),
-        _start_write(table_path, _batch(work, "backfill", _rows("us", range(100, 150), 1))),
-    ]
-    for process in writers:
-        out, err = process.communicate()
-        say(f"   exit {process.returncode}: {(out or err).strip()}")
-    checkpoint = table.timeline().latest_completion_time
-
-    say("== two writers update the same file group: the first to commit wins, the other aborts")
-    first = _start_write(table_path, _batch(work, "fix-a", _rows("eu", range(0, 5), 2)), pause=3.0)
-    time.sleep(1.0)
-    second = subprocess.run(
-        [*_COWRITE, "write", table_path, "--input", _batch(work, "fix-b", _rows("eu", range(5, 10), 3))],
-        capture_output=True,
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    say(f"== the daemon follows the table and serves {url}/metrics")
+    daemon = subprocess.Popen(
+        [
+            *_COWRITE,
+            "daemon",
+            table_path,
+            "--port",
+            str(port),
+            "--poll-interval",
+            "0.5",
+            "--log-level",
+            "WARNING",
+        ],
+        stderr=subprocess.PIPE,
         text=True,
     )
-    say(f"   fast writer exit {second.returncode}: {(second.stdout or second.stderr).strip()}")
-    out, err = first.communicate()
-    say(f"   slow writer exit {first.returncode} (3 = write conflict): {(out or err).strip()}")
+    try:
+        _wait(lambda: _ready(url), 60, "the daemon to be ready")
+        checkpoint = table.timeline().latest_completion_time
+        _demonstrate(table, table_path, work, say)
+        say("== an incremental consumer that checkpoints by completion time")
+        pulled = read.pull(table, checkpoint)
+        say(
+            f"   since {checkpoint}: {pulled.rows.num_rows} records from commits {list(pulled.commits)}; "
+            f"next checkpoint {pulled.checkpoint}"
+        )
+        say("== what the daemon tells Prometheus")
+        metrics = _get(f"{url}/metrics").decode()
+        for line in metrics.splitlines():
+            if line.startswith(
+                (
+                    "cowrite_commits_total",
+                    "cowrite_write_conflicts_total",
+                    "cowrite_rollbacks_total",
+                    "cowrite_pending_instants",
+                    "cowrite_table_up",
+                )
+            ):
+                say(f"   {line}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    say(
+        f"== the daemon stopped on SIGTERM (exit {daemon.returncode}); the table now holds "
+        f"{read.snapshot(table).num_rows} records:"
+    )
+    for instant in table.timeline():
+        operation = (
+            table.commit_metadata(instant).operation
+            if instant.is_completed and instant.action.writes_data
+            else ""
+        )
+        say(f"   {instant.file_name:<48} {operation}")
+    say("   hudi-rs, Hudi on Spark and Trino read this table as a Hudi v8 table.")
 
-    say("== a writer is killed with SIGKILL mid-write: its files stay on disk, invisible")
-    doomed = _start_write(table_path, _batch(work, "doomed", _rows("apac", range(200, 230), 1)), pause=600.0)
-    deadline = time.time() + 30
-    while time.time() < deadline and not any(b.partition == "apac" for b in list_base_files(table)):
-        time.sleep(0.1)
+
+def _ready(url: str) -> bool:
+    try:
+        return json.loads(_get(f"{url}/readyz"))["ready"] is True
+    except OSError:
+        return False
+
+
+def _demonstrate(table: Table, table_path: str, work: Path, say: Callable[[str], None]) -> None:
+    say("== two Spark applications at once: ingestion of new data (eu), a backfill rewriting history (us)")
+    ingestion = _spark_write(table_path, _batch(work, "ingest", _rows("eu", range(0, 50), 1)))
+    backfill = _spark_write(
+        table_path, _batch(work, "backfill", _rows("us", range(100, 130), 2)), "insert_overwrite"
+    )
+    say(f"   ingestion {_outcome(ingestion)}")
+    say(f"   backfill  {_outcome(backfill)}")
+
+    say("== a correction job and the ingestion update the same file group: the first to commit wins")
+    release = work / "release-correction"
+    correction = _spark_write(
+        table_path, _batch(work, "fix", _rows("eu", range(0, 5), 3)), hold_until=release
+    )
+    before = table.timeline().requested_times
+    _wait(
+        lambda: bool(table.timeline().pending().requested_times - before), 120, "the correction job to begin"
+    )
+    ingestion = _spark_write(table_path, _batch(work, "ingest2", _rows("eu", range(5, 10), 2)))
+    say(f"   ingestion  {_outcome(ingestion)}")
+    release.touch()
+    say(f"   correction {_outcome(correction)}   (3 = write conflict; nothing of it is visible)")
+
+    say("== a writer is killed with SIGKILL mid-write; the daemon rolls it back once its heartbeat is stale")
+    doomed = _spark_write(
+        table_path, _batch(work, "doomed", _rows("apac", range(200, 230), 1)), hold_until=work / "never"
+    )
+    _wait(lambda: any(b.partition == "apac" for b in list_base_files(table)), 120, "the writer's files")
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
-    garbage = [b.path for b in list_base_files(table) if b.partition == "apac"]
     visible = read.snapshot(table).column("region").to_pylist().count("apac")
-    say(f"   files left by the killed writer: {len(garbage)}; rows of it visible: {visible}")
-    pending = [i.file_name for i in table.timeline().pending()]
-    say(f"   pending instants (rolled back lazily once their heartbeat expires): {pending}")
-
-    say("== an incremental reader that checkpoints by completion time")
-    changes = read.incremental(table, since=checkpoint)
     say(
-        f"   since {checkpoint}: {changes.num_rows} changed records, ids "
-        f"{sorted(changes.column('id').to_pylist())}"
+        f"   killed; files it left: {sum(b.partition == 'apac' for b in list_base_files(table))}, "
+        f"records of it visible: {visible}"
     )
-    say(f"== the table now: {read.snapshot(table).num_rows} records; timeline:")
-    for instant in table.timeline():
-        say(f"   {instant.file_name}")
-    say("   (hudi-rs, Spark and Trino read this table as a Hudi v8 table)")
+    _wait(lambda: not any(b.partition == "apac" for b in list_base_files(table)), 60, "the daemon's rollback")
+    rollbacks = [i.file_name for i in table.timeline() if i.action is Action.ROLLBACK]
+    say(f"   the daemon rolled it back: {rollbacks}; files left: 0")

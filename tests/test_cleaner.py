@@ -142,7 +142,7 @@ def test_a_killed_writer_process_is_rolled_back_by_the_command(table: Table, tmp
         [
             sys.executable,
             "-c",
-            "import sys, cowrite.demo as d; d.slow_write(600, *sys.argv[1:])",
+            "import sys, cowrite.demo as d; d.slow_write('/nonexistent/release', *sys.argv[1:])",
             table.uri,
             "--input",
             str(batch),
@@ -211,11 +211,17 @@ def test_an_aborted_write_is_rolled_back_without_waiting(table: Table) -> None:
     slow = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
     LocalWriter(table).upsert(rows([1], ts=2))
     [winner] = table.commit_metadata(list(table.timeline())[-1]).write_stats
-    mine = replace(winner, path=winner.path.replace(winner.path.rsplit("_", 1)[-1], f"{slow.instant_time}.parquet"))
+    mine = replace(
+        winner, path=winner.path.replace(winner.path.rsplit("_", 1)[-1], f"{slow.instant_time}.parquet")
+    )
     with pytest.raises(WriteConflictError):  # same file group, its own file
         slow.commit(CommitMetadata("upsert", (mine,)))
     [pending] = pending_writers(table, table.timeline(), POLICY)
-    assert (pending.instant.requested_time, pending.failed, pending.aborted) == (slow.instant_time, True, "conflict")
+    assert (pending.instant.requested_time, pending.failed, pending.aborted) == (
+        slow.instant_time,
+        True,
+        "conflict",
+    )
     done = rollback_failed(table, service_lock(table), POLICY)  # now, not after the tolerance
     assert [d.target for d in done] == [slow.instant_time]
     assert snapshot(table) == [{"id": 1, "p": "a", "ts": 2, "v": "a1.2"}]

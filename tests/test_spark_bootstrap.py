@@ -32,7 +32,9 @@ def dataset(root: Path) -> list[dict[str, object]]:
             part = root / f"region={region}" / f"day={day}"
             part.mkdir(parents=True)
             ids = [f"{region}-{day}-{n}" for n in range(3)]
-            pq.write_table(pa.table({"id": ids, "amount": [n * 1.5 for n in range(3)]}), part / "part-0.parquet")
+            pq.write_table(
+                pa.table({"id": ids, "amount": [n * 1.5 for n in range(3)]}), part / "part-0.parquet"
+            )
             rows += [{"id": i, "amount": n * 1.5, "region": region, "day": day} for n, i in enumerate(ids)]
     return sorted(rows, key=lambda r: str(r["id"]))
 
@@ -45,8 +47,10 @@ def test_bootstrap_writes_every_record_once(spark: Any, tmp_path: Path) -> None:
     assert table.partition_fields == ("region", "day") and table.hive_style_partitioning
     assert [(i.action, i.state) for i in table.timeline()] == [(Action.COMMIT, State.COMPLETED)]
     assert table.commit_metadata(instant).operation == "bulk_insert"
-    assert hudi_rs.rows(read.snapshot(table)) == hudi_rs.snapshot(table.uri) == hudi_rs.rows(
-        pa.Table.from_pylist(expected)
+    assert (
+        hudi_rs.rows(read.snapshot(table))
+        == hudi_rs.snapshot(table.uri)
+        == hudi_rs.rows(pa.Table.from_pylist(expected))
     )
     LocalWriter(table).upsert(pa.table({"id": ["eu-1-0"], "amount": [9.0], "region": ["eu"], "day": [1]}))
     assert [r["amount"] for r in read.snapshot(table).to_pylist() if r["id"] == "eu-1-0"] == [9.0]
@@ -70,14 +74,31 @@ def test_a_failed_bootstrap_is_rolled_back_lazily(spark: Any, tmp_path: Path) ->
         "main()\n"
     )
     dest = str(tmp_path / "t")
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "src"), dest, "--record-key", "id", "--master", "local[1]",
-                             "-o", "hoodie.client.heartbeat.interval_in_ms=200"], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(tmp_path / "src"),
+            dest,
+            "--record-key",
+            "id",
+            "--master",
+            "local[1]",
+            "-o",
+            "hoodie.client.heartbeat.interval_in_ms=200",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == -9, result.stderr
     table = Table.load(dest)
     assert [i.state for i in table.timeline()] == [State.INFLIGHT]
     assert read.snapshot(table).num_rows == 0 and hudi_rs.snapshot(dest) == []
-    done = rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config), now=time.time() + 1)
+    done = rollback_failed(
+        table, service_lock(table), HeartbeatPolicy.from_config(table.config), now=time.time() + 1
+    )
     assert len(done) == 1 and [i.action for i in table.timeline()] == [Action.ROLLBACK]
     assert [b for b in Storage.for_uri(dest).walk_files() if b.path.endswith(".parquet")] == []
     instant = bootstrap(spark, str(tmp_path / "src"), dest, record_key_fields=["id"])  # and again, afresh

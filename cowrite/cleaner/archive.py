@@ -11,7 +11,14 @@ archived). So archival stops before:
 - the oldest pending instant of any kind: a failed write's garbage must be rolled back first, or its
   files would turn visible once nothing older is left on the timeline;
 - a replacecommit whose replaced file groups still have files: without it on the timeline, readers
-  would see the replaced files again next to their replacement (the cleaner deletes them first).
+  would see the replaced files again next to their replacement (the cleaner deletes them first);
+- an instant that completed after a pending instant was claimed: that writer's conflict check looks only
+  at the completed instants it can still see, and would miss it (a lost update);
+- the instant holding the latest requested or completion time: new times are taken above those on the
+  timeline, and must never repeat or go back.
+
+A consumer whose checkpoint is older than an archived commit can no longer pull it;
+:func:`cowrite.writer.read.pull` says so (:class:`~cowrite.timeline.errors.CheckpointArchivedError`).
 """
 
 from __future__ import annotations
@@ -26,11 +33,10 @@ from ..timeline.fs_view import list_base_files
 from ..timeline.instant import Action, Instant, State
 from ..timeline.locks import TableLock
 from ..timeline.table import Table
-from ..timeline.timeline import Timeline
+from ..timeline.timeline import ARCHIVE_DIR, TIMELINE_DIR, Timeline
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_DIR = ".hoodie/.cowrite/archive"
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,26 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
         return []
     keep_from = sorted(i.requested_time for i in commits)[-keep_min] if keep_min else "99999999999999999"
     live_groups: set[tuple[str, str]] | None = None
+    # A pending writer checks for conflicts only against the completed instants it can still see; one
+    # that completed after the writer claimed its instant must stay until the writer is done. The
+    # storage's modification times order the two: both files are created under the table lock.
+    modified = {info.name: info.modified for info in table.storage.list(TIMELINE_DIR)}
+    claims = [
+        modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
+        for i in timeline.pending()
+    ]
+    oldest_claim = min(claims, default=float("inf"))
+    # New instant and completion times are taken above those on the timeline: the instants holding the
+    # latest of each stay, or times could repeat, or go back, after archival.
+    latest_requested = max(i.requested_time for i in timeline)
+    latest_completion = timeline.latest_completion_time
     chosen = []
     for instant in timeline:
         if not instant.is_completed or instant.requested_time >= keep_from:
+            break
+        if modified.get(instant.file_name, float("inf")) >= oldest_claim:
+            break
+        if instant.requested_time == latest_requested or instant.completion_time == latest_completion:
             break
         if instant.action is Action.REPLACE_COMMIT:
             if live_groups is None:

@@ -16,10 +16,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..timeline.fs_view import BaseFile, list_base_files, replaced_file_groups
+from ..timeline.fs_view import BaseFile, FileSystemView, list_base_files, replaced_file_groups
 from ..timeline.instant import Action, Instant, State
 from ..timeline.locks import TableLock
 from ..timeline.service_metadata import CleanPlan, CleanResult
+from ..timeline.storage import FileInfo, stays_inside
 from ..timeline.table import Table
 from ..timeline.timeline import Timeline
 
@@ -91,18 +92,30 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
             plan = new_plan
             instant = table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes())
     started = time.monotonic()
+    # A plan only ever names superseded or replaced base files; anything else in it (a damaged or forged
+    # plan) is left alone: never a path outside the table, never the file a reader sees in its group.
+    protected = {b.path for b in FileSystemView.build(table).latest_base_files()}
+    deleted = []
     for path in plan.files:
+        if not stays_inside(path) or BaseFile.parse(FileInfo(path, 0, 0.0)) is None or path in protected:
+            log.warning("clean %s: its plan names %s, which cleaning never deletes; left", instant, path)
+            continue
         table.storage.delete(path)
+        deleted.append(path)
     result = CleanResult(
-        instant.requested_time, int((time.monotonic() - started) * 1000), plan.earliest_retained, plan.files
+        instant.requested_time,
+        int((time.monotonic() - started) * 1000),
+        plan.earliest_retained,
+        tuple(deleted),
     )
     with lock:
         timeline = table.timeline()
+        current = timeline.get(instant.requested_time)
+        if current is None or current.is_completed:
+            return None  # another cleaner finished this plan meanwhile; it completed the instant
         done = instant.transition(
             State.COMPLETED, table.completion_time(timeline, instant.requested_time, int(now * 1000))
         )
         table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
-    log.info(
-        "cleaned %s: deleted %d files, retaining from %s", table, len(plan.files), plan.earliest_retained
-    )
-    return Cleaned(done, plan.files)
+    log.info("cleaned %s: deleted %d files, retaining from %s", table, len(deleted), plan.earliest_retained)
+    return Cleaned(done, tuple(deleted))

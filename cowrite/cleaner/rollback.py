@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from ..timeline.commit_metadata import CommitMetadata
 from ..timeline.errors import CorruptTimelineError
 from ..timeline.fs_view import BaseFile
-from ..timeline.heartbeat import HeartbeatPolicy, heartbeat_path
+from ..timeline.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from ..timeline.instant import Action, Instant, State
 from ..timeline.liveness import judge, pending_writers
 from ..timeline.locks import TableLock
 from ..timeline.markers import delete_markers, marked_files
 from ..timeline.service_metadata import RollbackPlan, RollbackResult
+from ..timeline.storage import FileInfo, stays_inside
 from ..timeline.table import Table
 from ..timeline.timeline import Timeline
 from ..timeline.transaction import own_files
@@ -85,32 +86,105 @@ def _start(
         if not judge(table, current, policy, now).failed:
             log.info("%s is alive again; not rolling it back", current)
             return None
+        if _rolled_back_by(table, timeline, current.requested_time) is not None:
+            return None  # another cleaner recorded its rollback first; whoever runs ours finishes that one
         plan = RollbackPlan(current.requested_time, current.action.value, planned_files(table, current))
         return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes())
 
 
-def _finish(table: Table, lock: TableLock, rollback: Instant, now: float) -> RolledBack:
-    """Carry out a recorded rollback plan and complete the rollback instant."""
+def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | None:
+    """The rollback instant (pending or completed) whose plan names ``target``, if there is one."""
+    for rollback in timeline.filter(actions=[Action.ROLLBACK]):
+        if rollback.requested_time <= target:
+            continue
+        try:
+            if table.rollback_plan(rollback).target == target:
+                return rollback
+        except CorruptTimelineError as exc:  # at worst, a second (harmless) rollback of the target
+            log.warning("%s; not counting it as a rollback of %s", exc, target)
+    return None
+
+
+def _finish(table: Table, lock: TableLock, rollback: Instant, now: float) -> RolledBack | None:
+    """Carry out a recorded rollback plan and complete the rollback instant.
+
+    Several cleaners (daemons, ``cowrite rollback``) may carry out one plan at the same time: deleting
+    twice is harmless, and only the first completes the instant. None if another one completed it.
+    """
     started = time.monotonic()
     plan = table.rollback_plan(rollback)
-    for path in plan.files:
-        table.storage.delete(path)
-    delete_markers(table.storage, plan.target)
-    table.storage.delete(heartbeat_path(plan.target))
-    action = Action(plan.target_action)
-    for state in (State.INFLIGHT, State.REQUESTED):  # the evidence last
-        table.storage.delete(table.instant_path(Instant(plan.target, action, state)))
+    deleted: tuple[str, ...] = ()
+    target = table.timeline().get(plan.target)
+    if target is not None and target.is_completed:
+        # Only a damaged or forged plan names a completed instant (a writer never publishes once a
+        # rollback names it): deleting would destroy committed data. Complete the rollback as a no-op.
+        log.warning("rollback %s names %s, which completed; deleting nothing", rollback, target)
+    else:
+        deleted = tuple(path for path in plan.files if _own(path, plan.target, rollback))
+        for path in deleted:
+            table.storage.delete(path)
+        delete_markers(table.storage, plan.target)
+        table.storage.delete(heartbeat_path(plan.target))
+        try:
+            action = Action(plan.target_action)
+        except ValueError:
+            log.warning("rollback %s names action %r; its timeline files stay", rollback, plan.target_action)
+        else:
+            for state in (State.INFLIGHT, State.REQUESTED):  # the evidence last
+                table.storage.delete(table.instant_path(Instant(plan.target, action, state)))
     result = RollbackResult(
-        rollback.requested_time, int((time.monotonic() - started) * 1000), plan.target, plan.files
+        rollback.requested_time, int((time.monotonic() - started) * 1000), plan.target, deleted
     )
     with lock:
         timeline = table.timeline()
+        current = timeline.get(rollback.requested_time)
+        if current is None or current.is_completed:
+            return None  # completed by another cleaner meanwhile: a second completion would be a second
+            # completed file (another completion time) for one instant
         done = rollback.transition(
             State.COMPLETED, table.completion_time(timeline, rollback.requested_time, int(now * 1000))
         )
         table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
-    log.info("rolled back %s: deleted %d files", plan.target, len(plan.files))
-    return RolledBack(done, plan.target, plan.files)
+    log.info("rolled back %s: deleted %d files", plan.target, len(deleted))
+    return RolledBack(done, plan.target, deleted)
+
+
+def _own(path: str, target: str, rollback: Instant) -> bool:
+    """Whether ``path`` is a base file ``target`` wrote inside the table: all a plan may delete."""
+    base = BaseFile.parse(FileInfo(path, 0, 0.0)) if stays_inside(path) else None
+    if base is None or base.instant_time != target:
+        log.warning("rollback %s: its plan names %s, not a file of %s; leaving it", rollback, path, target)
+        return False
+    return True
+
+
+def collect_heartbeats(
+    table: Table, policy: HeartbeatPolicy, now: float | None = None, timeline: Timeline | None = None
+) -> list[str]:
+    """Delete heartbeats of instants that are not pending any more; return their instant times.
+
+    They are left by a writer killed between publishing and deleting its heartbeat, by a failed delete,
+    and by a writer that resumes after its instant was rolled back and records its abort. Only heartbeats
+    older than the tolerance go (a live writer renews its own well within it), and only after a timeline
+    loaded after the listing confirms the instant is not pending (``timeline`` may save that load when it
+    shows nothing to collect).
+    """
+    now = time.time() if now is None else now
+    stale = [info for info in table.storage.list(HEARTBEAT_DIR) if now - info.modified > policy.tolerance]
+    if timeline is not None:
+        pending = {i.requested_time for i in timeline.pending()}
+        stale = [info for info in stale if info.name not in pending]
+    if not stale:
+        return []
+    pending = {i.requested_time for i in table.timeline().pending()}
+    deleted = []
+    for info in stale:
+        if info.name not in pending:
+            table.storage.delete(info.path)
+            deleted.append(info.name)
+    if deleted:
+        log.info("deleted heartbeats of instants no longer pending: %s", ", ".join(deleted))
+    return deleted
 
 
 def rollback_failed(
@@ -123,10 +197,12 @@ def rollback_failed(
     """Finish interrupted rollbacks, then roll back every failed pending write. Returns what was done."""
     now = time.time() if now is None else now
     timeline = timeline if timeline is not None else table.timeline()
-    done = [_finish(table, lock, r, now) for r in timeline.pending().filter(actions=[Action.ROLLBACK])]
+    finished = [_finish(table, lock, r, now) for r in timeline.pending().filter(actions=[Action.ROLLBACK])]
+    done = [r for r in finished if r is not None]
     for pending in pending_writers(table, timeline, policy, now):
         if pending.failed:
             rollback = _start(table, lock, pending.instant, policy, now)
-            if rollback is not None:
-                done.append(_finish(table, lock, rollback, now))
+            if rollback is not None and (item := _finish(table, lock, rollback, now)) is not None:
+                done.append(item)
+    collect_heartbeats(table, policy, now)
     return done

@@ -54,18 +54,27 @@ def bootstrap(
 ) -> Instant:
     """Write every record of the parquet dataset at ``source`` into a new table at ``destination``."""
     options = dict(storage_options or {})
-    fields = list(partition_fields) if partition_fields is not None else hive_partition_fields(
-        Storage.for_uri(source, **options)
+    fields = (
+        list(partition_fields)
+        if partition_fields is not None
+        else hive_partition_fields(Storage.for_uri(source, **options))
     )
     frame = spark.read.option("basePath", source).parquet(source)
     missing = [f for f in (*record_key_fields, *fields, *ordering_fields) if f not in frame.columns]
     if missing:
-        raise SchemaError(f"the dataset at {source} has no column {', '.join(missing)} (columns: {frame.columns})")
+        raise SchemaError(
+            f"the dataset at {source} has no column {', '.join(missing)} (columns: {frame.columns})"
+        )
     try:
         table = Table.create(
-            destination, name=name or destination.rstrip("/").rsplit("/", 1)[-1],
-            record_key_fields=record_key_fields, partition_fields=fields, ordering_fields=ordering_fields,
-            hive_style_partitioning=True, properties=settings, storage_options=options,
+            destination,
+            name=name or destination.rstrip("/").rsplit("/", 1)[-1],
+            record_key_fields=record_key_fields,
+            partition_fields=fields,
+            ordering_fields=ordering_fields,
+            hive_style_partitioning=True,
+            properties=settings,
+            storage_options=options,
         )
     except TableExistsError:
         table = Table.load(destination, **options)
