@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import fastavro
 
@@ -103,17 +103,42 @@ class WriteStat:
 
     @classmethod
     def from_avro(cls, partition: str, record: Mapping[str, Any]) -> WriteStat:
+        """A write stat from its Avro record; TypeError/KeyError if a field has the wrong type."""
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a write stat is a record, not {type(record).__name__}")
         return cls(
-            file_id=record["fileId"],
-            path=record["path"],
-            partition_path=record.get("partitionPath") or partition,
-            prev_commit=record.get("prevCommit") or "null",
-            num_writes=record.get("numWrites") or 0,
-            num_inserts=record.get("numInserts") or 0,
-            num_update_writes=record.get("numUpdateWrites") or 0,
-            num_deletes=record.get("numDeletes") or 0,
-            file_size=record.get("fileSizeInBytes") or 0,
+            file_id=_typed(record["fileId"], str, "fileId"),
+            path=_typed(record["path"], str, "path"),
+            partition_path=_typed(record.get("partitionPath") or partition, str, "partitionPath"),
+            prev_commit=_typed(record.get("prevCommit") or "null", str, "prevCommit"),
+            num_writes=_count(record, "numWrites"),
+            num_inserts=_count(record, "numInserts"),
+            num_update_writes=_count(record, "numUpdateWrites"),
+            num_deletes=_count(record, "numDeletes"),
+            file_size=_count(record, "fileSizeInBytes"),
         )
+
+
+T = TypeVar("T")
+
+
+def _typed(value: Any, kind: type[T], name: str) -> T:
+    # Readers resolve fields by name only: a file written with another schema can hold anything.
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise TypeError(f"field {name} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _count(record: Mapping[str, Any], name: str) -> int:
+    return _typed(record.get(name) or 0, int, name)
+
+
+def _strings(value: Any, name: str) -> tuple[str, ...]:
+    return tuple(_typed(item, str, name) for item in _typed(value, list, name))
+
+
+def _string_map(value: Any, name: str) -> dict[str, Any]:
+    return _typed(value or {}, dict, name)
 
 
 @dataclass(frozen=True)
@@ -156,29 +181,43 @@ class CommitMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> CommitMetadata:
-        """Parse a commit file; raises :class:`CorruptTimelineError` naming ``path``."""
+        """Parse a commit file; raises :class:`CorruptTimelineError` naming ``path``.
+
+        Any Avro file with one record parses as far as the format goes; the fields are checked here, so a
+        file written with another schema is refused rather than read as nonsense.
+        """
         try:
             # reading every block makes fastavro check the sync markers: a cut file does not pass
             records = list(fastavro.reader(io.BytesIO(data)))
             if len(records) != 1:
                 raise CorruptTimelineError(path, f"expected one commit record, found {len(records)}")
-            record: Any = records[0]
+            record = _typed(records[0], dict, "the commit record")
             stats = tuple(
                 WriteStat.from_avro(partition, stat)
-                for partition, partition_stats in (record.get("partitionToWriteStats") or {}).items()
-                for stat in partition_stats
+                for partition, partition_stats in _string_map(
+                    record.get("partitionToWriteStats"), "partitionToWriteStats"
+                ).items()
+                for stat in _typed(partition_stats, list, "partitionToWriteStats")
             )
+            extra = {
+                k: _typed(v, str, "extraMetadata")
+                for k, v in _string_map(record.get("extraMetadata"), "extraMetadata").items()
+            }
+            replaced = {
+                p: _strings(ids, "partitionToReplaceFileIds")
+                for p, ids in _string_map(
+                    record.get("partitionToReplaceFileIds"), "partitionToReplaceFileIds"
+                ).items()
+            }
+            operation = _typed(record.get("operationType") or "", str, "operationType")
         except CorruptTimelineError:
             raise
         except Exception as exc:  # fastavro raises many kinds on garbage; all mean the same here
             raise CorruptTimelineError(path, f"not a readable Avro commit record ({exc})") from None
-        extra = dict(record.get("extraMetadata") or {})
         return cls(
-            operation=record.get("operationType") or "",
+            operation=operation,
             write_stats=stats,
-            replaced_file_ids={
-                p: tuple(ids) for p, ids in (record.get("partitionToReplaceFileIds") or {}).items()
-            },
+            replaced_file_ids=replaced,
             schema=extra.pop("schema", ""),
             extra=extra,
         )

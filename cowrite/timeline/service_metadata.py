@@ -97,9 +97,17 @@ def _decode(data: bytes, path: str) -> dict[str, Any]:
 
 def _field(record: dict[str, Any], name: str, kind: type, path: str) -> Any:
     value = record.get(name)
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or isinstance(value, bool):
         raise CorruptTimelineError(path, f"field {name} is missing or not a {kind.__name__}")
     return value
+
+
+def _strings(record: dict[str, Any], name: str, path: str) -> tuple[str, ...]:
+    """A list of strings (file paths, instant times): a file written with another schema may hold others."""
+    values = _field(record, name, list, path)
+    if not all(isinstance(v, str) for v in values):
+        raise CorruptTimelineError(path, f"field {name} holds something other than strings")
+    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class RollbackPlan:
         return cls(
             _field(target, "commitTime", str, path),
             _field(target, "action", str, path),
-            tuple(_field(record, "filesToDelete", list, path)),
+            _strings(record, "filesToDelete", path),
         )
 
 
@@ -152,12 +160,12 @@ class RollbackResult:
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> RollbackResult:
         record = _decode(data, path)
-        targets = _field(record, "commitsRollback", list, path)
+        targets = _strings(record, "commitsRollback", path)
         return cls(
             _field(record, "startRollbackTime", str, path),
             _field(record, "timeTakenInMillis", int, path),
             targets[0] if targets else "",
-            tuple(_field(record, "deletedFiles", list, path)),
+            _strings(record, "deletedFiles", path),
         )
 
 
@@ -183,7 +191,7 @@ class CleanPlan:
         record = _decode(data, path)
         return cls(
             _field(record, "earliestInstantToRetain", str, path),
-            tuple(_field(record, "filesToDelete", list, path)),
+            _strings(record, "filesToDelete", path),
             _field(record, "policy", str, path),
         )
 

@@ -1,0 +1,642 @@
+"""The checker: every invariant of DESIGN.md, verified on what a scenario left behind.
+
+Evidence comes from three sides that do not depend on each other: the table itself (timeline files with
+their modification times, archived instants, commit metadata, lock files, base files), what the writers
+logged about themselves (instants claimed with the completed instants they saw, heartbeats renewed,
+plans, aborts, publishes in commit order, round outcomes), and what the harness did to them (kills,
+stops, continues). Snapshots are read with cowrite's reader and with hudi-rs and compared with the model
+(``model.py``). Each failed check is a :class:`Violation` naming the invariant.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cowrite.cleaner import rollback_failed, service_lock
+from cowrite.cleaner.archive import ARCHIVE_DIR
+from cowrite.timeline.commit_metadata import CommitMetadata
+from cowrite.timeline.errors import CowriteError
+from cowrite.timeline.fs_view import BaseFile, list_base_files
+from cowrite.timeline.heartbeat import HEARTBEAT_DIR
+from cowrite.timeline.instant import Action, Instant, InvalidInstantError, State
+from cowrite.timeline.locks.filesystem import LOCK_DIR, current_lock, read_holder, read_release
+from cowrite.timeline.markers import MARKER_DIR
+from cowrite.timeline.service_metadata import RollbackPlan
+from cowrite.timeline.storage import FileInfo, Storage
+from cowrite.timeline.table import Table
+from cowrite.timeline.timeline import TIMELINE_DIR
+from cowrite.writer import read
+
+from .model import Model, Record
+from .plan import Row
+from .runner import Outcome
+
+FAILED_OUTCOMES_THAT_COMMITTED_NOTHING = None  # every CowriteError but CommitStateUnknownError
+EPSILON = 0.05  # seconds: event timestamps are taken a moment after the storage call they report
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.invariant}] {self.message}"
+
+
+@dataclass
+class Stats:
+    scenarios: int = 0
+    kills: int = 0
+    stops: int = 0
+    storage_faults: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    rollbacks: int = 0
+    daemon_kills: int = 0
+    consumer_pulls: int = 0
+    consumer_retries: int = 0
+    consumer_resyncs: int = 0
+    lease_lost: int = 0
+    commits_without_daemon: int = 0
+
+    def add(self, other: Stats) -> None:
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class TimelineFile:
+    instant: Instant
+    content: bytes | None  # None: not read (large or not needed)
+    modified: float | None  # None for archived files
+    archived_before: float | None = None  # the archive file's modification time
+
+
+@dataclass
+class Evidence:
+    """What the table shows, active and archived."""
+
+    files: list[TimelineFile]
+    completed: dict[str, TimelineFile] = field(default_factory=dict)
+    requested_files: dict[str, TimelineFile] = field(default_factory=dict)
+    metadata: dict[str, CommitMetadata] = field(default_factory=dict)
+
+
+class Checker:
+    def __init__(self, outcome: Outcome) -> None:
+        self.o = outcome
+        self.scenario = outcome.scenario
+        self.violations: list[Violation] = []
+        self.stats = Stats(scenarios=1)
+        self.storage = Storage.for_uri(outcome.uri, **outcome.storage_options)
+        self.table = Table.open(self.storage)
+        self.tolerance = outcome.policy.tolerance
+        self.interval = outcome.policy.interval
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.rounds: dict[tuple[int, int], dict[str, Any]] = {}
+        self.beats: dict[str, list[float]] = defaultdict(list)
+        self.life: dict[str, list[float]] = defaultdict(list)  # instant -> moments its writer was known alive
+        self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
+        self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
+
+    def fail(self, invariant: str, message: str) -> None:
+        self.violations.append(Violation(invariant, message))
+
+    # -- evidence --------------------------------------------------------------------------------
+    def _collect_events(self) -> None:
+        for worker, events in self.o.events.items():
+            for event in events:
+                kind = event["event"]
+                instant = event.get("instant")
+                if kind == "claimed":
+                    if instant in self.claims:
+                        self.fail(
+                            "3",
+                            f"instant {instant} claimed twice: by w{self.claims[instant]['worker']} "
+                            f"and w{worker}",
+                        )
+                    self.claims[instant] = event
+                    self.life[instant].append(event["wall"])
+                elif kind == "beat":
+                    self.beats[instant].append(event["modified"])
+                elif kind == "planned":
+                    self.life[instant].append(event["wall"])
+                elif kind == "gave-up":
+                    self.given_up.setdefault(instant, event["wall"])
+                elif kind == "abort" and instant:
+                    if event.get("cause") == "WriteConflictError":
+                        self.stats.conflicts += 1
+                    if event.get("cause") == "LeaseLostError":
+                        self.stats.lease_lost += 1
+                elif kind == "round":
+                    self.rounds[(worker, event["round"])] = event
+                    if event["outcome"] == "crash":
+                        self.fail(
+                            "robustness",
+                            f"writer w{worker} round {event['round']} crashed with an "
+                            f"exception that is no CowriteError: {event['message']}\n"
+                            f"{event.get('trace', '')}",
+                        )
+                elif kind == "fault":
+                    if event["kind"] == "kill":
+                        self.stats.kills += 1
+                    else:
+                        self.stats.stops += 1
+                elif kind == "storage-fault":
+                    self.stats.storage_faults += 1
+        for fault in self.o.harness:
+            if fault["kind"] == "kill":
+                self.stats.kills += 1
+            elif fault["kind"] == "short-stop":
+                self.stats.stops += 1
+            elif fault["kind"] == "daemon-kill":
+                self.stats.kills += 1
+                self.stats.daemon_kills += 1
+
+    def _collect_timeline(self) -> Evidence:
+        files: list[TimelineFile] = []
+        for info in self.storage.list(TIMELINE_DIR):
+            try:
+                instant = Instant.parse(info.name)
+            except InvalidInstantError:
+                continue
+            files.append(TimelineFile(instant, None, info.modified))
+        for info in self.storage.list(ARCHIVE_DIR):
+            for record in json.loads(self.storage.read(info.path)):
+                instant = Instant.parse(record["file"])
+                files.append(TimelineFile(instant, base64.b64decode(record["content"]), None, info.modified))
+        evidence = Evidence(files)
+        for item in files:
+            time_ = item.instant.requested_time
+            if item.instant.is_completed:
+                if time_ in evidence.completed:
+                    self.fail(
+                        "3/6",
+                        f"instant {time_} has two completed files: "
+                        f"{evidence.completed[time_].instant.file_name} and {item.instant.file_name}",
+                    )
+                    continue
+                evidence.completed[time_] = item
+            elif item.instant.state is State.REQUESTED:
+                evidence.requested_files[time_] = item
+        actions: dict[str, set[str]] = defaultdict(set)
+        for item in files:
+            actions[item.instant.requested_time].add(item.instant.action.value)
+        for time_, names in actions.items():
+            if len(names) > 1:
+                self.fail("3", f"instant time {time_} is used by several actions: {sorted(names)}")
+        for time_, item in evidence.completed.items():
+            if item.instant.action.writes_data:
+                evidence.metadata[time_] = self._metadata(item)
+        return evidence
+
+    def _content(self, item: TimelineFile) -> bytes:
+        if item.content is None:
+            item.content = self.storage.read(f"{TIMELINE_DIR}/{item.instant.file_name}")
+        return item.content
+
+    def _metadata(self, item: TimelineFile) -> CommitMetadata:
+        return CommitMetadata.from_bytes(self._content(item), item.instant.file_name)
+
+    def _requested_content(self, evidence: Evidence, time_: str) -> bytes | None:
+        item = evidence.requested_files.get(time_)
+        return self._content(item) if item is not None else None
+
+    # -- checks ----------------------------------------------------------------------------------
+    def check(self) -> tuple[list[Violation], Stats]:
+        for problem in self.o.problems:
+            self.fail("robustness", problem)
+        self._collect_events()
+        evidence = self._collect_timeline()
+        data = sorted(
+            (evidence.completed[t] for t in evidence.metadata), key=lambda f: f.instant.completion_time or ""
+        )
+        self.stats.commits = sum(1 for f in data if f.instant.requested_time != self.o.seed_instant)
+        model = self.check_visibility(data)
+        self.check_contract(evidence)
+        self.check_overlap(evidence, data)
+        self.check_times(evidence)
+        self.check_leases(evidence)
+        self.check_retention(data, evidence)
+        self.check_rollbacks(evidence)
+        self.check_locks()
+        self.check_consumers(model, evidence)
+        self.check_garbage(evidence)
+        return self.violations, self.stats
+
+    def check_visibility(self, data: list[TimelineFile]) -> Model:
+        """1: the snapshot (cowrite and hudi-rs) is the completed instants' batches, in commit order."""
+        plans = {w.index: w for w in self.scenario.writers}
+        model = Model.seeded(self.scenario.seed_rows, self.o.seed_instant)
+        for row in self.scenario.seed_rows:
+            self.versions[(row.id, self.o.seed_instant)] = model.rows[row.id]
+        for item in data:
+            time_ = item.instant.requested_time
+            if time_ == self.o.seed_instant:
+                continue
+            claim = self.claims.get(time_)
+            if claim is None:
+                self.fail("1", f"completed instant {item.instant.file_name} was claimed by no writer")
+                continue
+            round_ = plans[claim["worker"]].rounds[claim["round"]]
+            written = model.apply(round_.op, round_.rows, time_)
+            for key in written:
+                self.versions[(key, time_)] = model.rows[key]
+        expected = sorted(model.rows.values())
+        mine = _records(read.snapshot(self.table, with_meta=True))
+        if mine != expected:
+            self.fail("1", f"cowrite's snapshot differs from the model: {_diff(expected, mine)}")
+        theirs = _hudi_records(self.o.uri, self.o.hudi_options)
+        if theirs != expected:
+            self.fail("1", f"hudi-rs's snapshot differs from the model: {_diff(expected, theirs)}")
+        return model
+
+    def check_contract(self, evidence: Evidence) -> None:
+        """What a writer reports is true: "ok" committed; any CowriteError but "unknown": nothing did."""
+        by_round: dict[tuple[int, int], list[str]] = defaultdict(list)
+        for time_, claim in self.claims.items():
+            by_round[(claim["worker"], claim["round"])].append(time_)
+        for key, event in self.rounds.items():
+            outcome, claimed = event["outcome"], by_round.get(key, [])
+            completed = [t for t in claimed if t in evidence.completed]
+            if outcome == "ok":
+                if completed != [event["instant"]]:
+                    self.fail(
+                        "contract",
+                        f"w{key[0]} round {key[1]} reported commit {event['instant']}, the "
+                        f"table shows completed {completed} of its instants {claimed}",
+                    )
+            elif outcome not in ("CommitStateUnknownError", "crash") and completed:
+                self.fail(
+                    "contract",
+                    f"w{key[0]} round {key[1]} reported {outcome} ('nothing committed'), yet "
+                    f"its instant {completed} completed: {event.get('message', '')}",
+                )
+
+    def check_overlap(self, evidence: Evidence, data: list[TimelineFile]) -> None:
+        """2: no two completed instants with overlapping lifetimes touched the same file group."""
+        commits = [f for f in data if f.instant.requested_time != self.o.seed_instant]
+
+        def saw(viewer: TimelineFile, other: TimelineFile) -> bool:
+            """Whether ``viewer``'s writer began after ``other`` completed: it found it completed, or it
+            found it no more because it had been archived (archival and begin both hold the lock)."""
+            claim = self.claims.get(viewer.instant.requested_time, {})
+            if other.instant.requested_time in claim.get("seen", ()):
+                return True
+            return other.archived_before is not None and other.archived_before < claim.get("wall", 0.0)
+
+        for i, first in enumerate(commits):
+            for second in commits[i + 1 :]:
+                a, b = first.instant.requested_time, second.instant.requested_time
+                if saw(first, second) or saw(second, first):
+                    continue  # one began after the other completed
+                both = evidence.metadata[a].touched_file_groups & evidence.metadata[b].touched_file_groups
+                if both:
+                    self.fail(
+                        "2", f"concurrent instants {a} and {b} both completed and both touched {sorted(both)}"
+                    )
+
+    def check_times(self, evidence: Evidence) -> None:
+        """3: instant times unique and claimed in increasing order; completion times unique and increasing in
+        commit order, across archival."""
+        completions = Counter(f.instant.completion_time for f in evidence.completed.values())
+        for time_, count in completions.items():
+            if count > 1:
+                self.fail("3", f"completion time {time_} is used {count} times")
+        for item in evidence.completed.values():
+            if (item.instant.completion_time or "") <= item.instant.requested_time:
+                self.fail("3", f"{item.instant.file_name} completed before it was requested")
+        slack = 1.0 if self.scenario.backend == "s3" else 0.0
+        active = sorted(
+            (f for f in evidence.completed.values() if f.modified is not None),
+            key=lambda f: f.modified or 0.0,
+        )
+        for earlier, later in zip(active, active[1:], strict=False):
+            if (later.modified or 0) - (earlier.modified or 0) > slack and (
+                later.instant.completion_time or ""
+            ) <= (earlier.instant.completion_time or ""):
+                self.fail(
+                    "3",
+                    f"{later.instant.file_name} was published after {earlier.instant.file_name} "
+                    "with a smaller completion time",
+                )
+        for archived in (f for f in evidence.completed.values() if f.archived_before is not None):
+            for item in active:
+                if (item.modified or 0) - (archived.archived_before or 0) > slack and (
+                    item.instant.completion_time or ""
+                ) <= (archived.instant.completion_time or ""):
+                    self.fail(
+                        "3",
+                        f"{item.instant.file_name} was published after {archived.instant.file_name} "
+                        "was archived, with a smaller completion time",
+                    )
+        claims = sorted(
+            (f for f in evidence.requested_files.values() if f.modified is not None),
+            key=lambda f: f.modified or 0.0,
+        )
+        for earlier, later in zip(claims, claims[1:], strict=False):
+            if (later.modified or 0) - (
+                earlier.modified or 0
+            ) > slack and later.instant.requested_time <= earlier.instant.requested_time:
+                self.fail(
+                    "3",
+                    f"instant {later.instant.requested_time} was claimed after "
+                    f"{earlier.instant.requested_time} with a smaller time",
+                )
+        log = self.o.commit_log
+        for entry in log:
+            item = evidence.completed.get(entry["instant"])
+            if item is None or item.instant.completion_time != entry["completion"]:
+                self.fail(
+                    "3",
+                    f"the commit log has {entry['instant']}_{entry['completion']}, the timeline has "
+                    f"{item.instant.file_name if item else 'nothing'}",
+                )
+        for earlier, later in zip(log, log[1:], strict=False):
+            if later["completion"] <= earlier["completion"]:
+                self.fail(
+                    "3",
+                    f"commit {later['instant']} followed {earlier['instant']} with a completion time "
+                    f"that is not larger ({later['completion']} <= {earlier['completion']})",
+                )
+            if None not in (earlier["lock_id"], later["lock_id"]) and later["lock_id"] <= earlier["lock_id"]:
+                self.fail(
+                    "3",
+                    f"commit {later['instant']} under lock{later['lock_id']} followed "
+                    f"{earlier['instant']} under lock{earlier['lock_id']}",
+                )
+
+    def check_leases(self, evidence: Evidence) -> None:
+        """4: a writer whose lease expired, or whose lock was expired by another, never published."""
+        expiries = self._expired_locks()
+        for worker, events in self.o.events.items():
+            for event in events:
+                if event["event"] == "fault" and event["kind"] == "stop" and event["step"] != "published":
+                    instant = event.get("instant")
+                    if event["step"] == "claiming":
+                        instant = next(
+                            (
+                                e["instant"]
+                                for e in events
+                                if e["event"] == "claimed"
+                                and e["round"] == event["round"]
+                                and e["wall"] >= event["wall"]
+                            ),
+                            None,
+                        )
+                    if instant is None or instant not in evidence.completed:
+                        continue
+                    if event["step"] in ("claiming", "claimed"):
+                        # no heartbeat yet: its lease is the begin lock, lost only if someone expired it
+                        resumed = next(
+                            (
+                                e["wall"]
+                                for e in events
+                                if e["event"] == "resumed" and e["wall"] >= event["wall"]
+                            ),
+                            float("inf"),
+                        )
+                        if not any(
+                            pid == event["pid"] and event["wall"] <= when <= resumed for pid, when in expiries
+                        ):
+                            continue
+                    self.fail(
+                        "4",
+                        f"w{worker} was stopped past its lease at {event['step']} of {instant}, "
+                        "and that instant completed after it continued",
+                    )
+        released = {info.name: info.modified for info in self.storage.list(LOCK_DIR)}
+        for entry in self.o.commit_log:
+            lock_id = entry.get("lock_id")
+            item = evidence.completed.get(entry["instant"])
+            if lock_id is None or item is None or item.modified is None:
+                continue
+            try:
+                release = read_release(self.storage, lock_id)
+            except (FileNotFoundError, CowriteError):
+                continue
+            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
+            # the expiry takes effect when its file exists, not when the expirer decided on it
+            when = released.get(f"lock{lock_id}.released")
+            if release.get("reason") == "expired" and when is not None and item.modified > when + slack:
+                self.fail(
+                    "4",
+                    f"{item.instant.file_name} was published under lock{lock_id} "
+                    f"{item.modified - when:.3f} s after that lock was expired by {release.get('owner')}",
+                )
+
+    def _expired_locks(self) -> list[tuple[int, float]]:
+        """(pid of the holder, when) of every lock some other party expired."""
+        found = []
+        for info in self.storage.list(LOCK_DIR):
+            if not info.name.endswith(".released"):
+                continue
+            lock_id = int(info.name[4:].split(".")[0])
+            try:
+                release = read_release(self.storage, lock_id)
+                holder = read_holder(self.storage, lock_id)
+            except (FileNotFoundError, CowriteError):
+                continue
+            parts = holder.owner.split(":")
+            if release.get("reason") == "expired" and len(parts) >= 2 and parts[-2].isdigit():
+                found.append((int(parts[-2]), float(release.get("time") or 0.0)))  # type: ignore[arg-type]
+        return found
+
+    def check_retention(self, data: list[TimelineFile], evidence: Evidence) -> None:
+        """5: every base file a retained commit references exists."""
+        retained = data[-self.scenario.commits_retained :]
+        existing = {b.path for b in list_base_files(self.table)}
+        for item in retained:
+            for stat in evidence.metadata[item.instant.requested_time].write_stats:
+                if stat.path not in existing:
+                    self.fail(
+                        "5", f"{stat.path}, written by retained commit {item.instant.file_name}, is gone"
+                    )
+
+    def check_rollbacks(self, evidence: Evidence) -> None:
+        """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
+        instant once, only its own files; a second run changes nothing."""
+        targets: Counter[str] = Counter()
+        for time_, item in evidence.completed.items():
+            if item.instant.action is not Action.ROLLBACK:
+                continue
+            self.stats.rollbacks += 1
+            content = self._requested_content(evidence, time_)
+            if content is None:
+                self.fail("6", f"rollback {time_} has no plan")
+                continue
+            plan = RollbackPlan.from_bytes(content, time_)
+            targets[plan.target] += 1
+            if plan.target in evidence.completed:
+                self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
+            for path in plan.files:
+                base = BaseFile.parse(FileInfo(path, 0, 0.0))
+                if base is None or base.instant_time != plan.target:
+                    self.fail(
+                        "6", f"rollback {time_} of {plan.target} deleted {path}, not a file of its target"
+                    )
+            requested = evidence.requested_files.get(time_)
+            if requested is None or requested.modified is None or plan.target not in self.claims:
+                continue
+            judged_at = requested.modified
+            given_up = self.given_up.get(plan.target)
+            if given_up is not None and given_up <= judged_at + EPSILON:
+                continue  # the writer aborted first: failed at once
+            # the judge looks at the heartbeat; only an instant that never had one is judged by its files
+            beats = [t for t in self.beats[plan.target] if t <= judged_at + EPSILON]
+            alive = sorted(beats or [t for t in self.life[plan.target] if t <= judged_at + EPSILON])
+            if not alive:
+                continue
+            # Stale at some moment before the plan was recorded: between two renewals (a slow one lands
+            # late) or after the last. Modification times are when a renewal became visible to judges.
+            longest = max(
+                later - earlier for earlier, later in zip(alive, [*alive[1:], judged_at], strict=True)
+            )
+            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
+            if longest < self.tolerance - slack:
+                self.fail(
+                    "6",
+                    f"rollback {time_} judged {plan.target} failed, yet its heartbeat was never older than "
+                    f"{longest:.3f} s before (tolerance {self.tolerance} s)",
+                )
+        for target, count in targets.items():
+            if count > 1:
+                self.fail("6", f"instant {target} was rolled back {count} times")
+        before = _inventory(self.storage)
+        again = rollback_failed(self.table, service_lock(self.table, "chaos-checker"), self.o.policy)
+        if again:
+            self.fail("6", f"a second rollback found more to do: {[r.target for r in again]}")
+        after = _inventory(self.storage)
+        changed = {
+            k
+            for k in before.keys() | after.keys()
+            if before.get(k) != after.get(k) and not k.startswith(LOCK_DIR)
+        }
+        if changed:
+            self.fail("6", f"a second rollback changed files: {sorted(changed)[:10]}")
+
+    def check_locks(self) -> None:
+        """7: the lock is free once everything settled."""
+        try:
+            lock = current_lock(self.storage)
+        except CowriteError as exc:
+            self.fail("7", f"the current lock is unreadable: {exc}")
+            return
+        if lock is not None and lock.holder is not None:
+            self.fail(
+                "7",
+                f"lock{lock.lock_id} is still held by {lock.holder.owner} (instant {lock.holder.instant})",
+            )
+
+    def check_consumers(self, model: Model, evidence: Evidence) -> None:
+        """8: every consumer's pulls deliver the snapshot, each row version at most once, nothing else."""
+        expected = {r[0]: r for r in model.rows.values()}
+        for consumer in self.o.consumers:
+            name = f"consumer {consumer.name}"
+            self.stats.consumer_pulls += len(consumer.pulls)
+            self.stats.consumer_retries += consumer.retries
+            for crash in consumer.crashes:
+                self.fail("8", f"{name} failed: {crash}")
+            delivered: Counter[tuple[str, str]] = Counter()
+            state: dict[str, Any] = {}
+            self.stats.consumer_resyncs += consumer.resyncs
+            for pull in consumer.pulls:
+                if pull.resync:  # started over from a snapshot: what came before does not count
+                    delivered.clear()
+                    state.clear()
+                elif pull.before is not None and (pull.after is None or pull.after < pull.before):
+                    self.fail("8", f"{name}'s checkpoint went back from {pull.before} to {pull.after}")
+                keys_here = Counter(row[0] for row in pull.rows)
+                for key, count in keys_here.items():
+                    if count > 1:
+                        self.fail("8", f"{name} got key {key} {count} times in one pull")
+                for row in pull.rows:
+                    if not pull.resync:
+                        delivered[(row[0], row[4])] += 1
+                    if self.versions.get((row[0], row[4])) != tuple(row):
+                        self.fail("8", f"{name} got {row}, which no completed instant wrote")
+                    state[row[0]] = tuple(row)
+            for (key, instant), count in delivered.items():
+                if count > 1:
+                    self.fail("8", f"{name} got {key} of {instant} {count} times")
+            missing = [r for k, r in expected.items() if state.get(k) != r]
+            if missing:
+                self.fail(
+                    "8",
+                    f"{name} ({len(consumer.pulls)} pulls) does not add up to the snapshot: "
+                    f"{len(missing)} rows differ, e.g. expected {missing[:3]}, got "
+                    f"{[state.get(r[0]) for r in missing[:3]]}",
+                )
+            extra = set(state) - set(expected) - model.removed
+            if extra:
+                self.fail("8", f"{name} got keys that are in no snapshot: {sorted(extra)[:10]}")
+
+    def check_garbage(self, evidence: Evidence) -> None:
+        """9: after the run, nothing of a failed write remains, and no instant is pending."""
+        timeline = self.table.timeline()
+        for instant in timeline.pending():
+            self.fail("9", f"{instant.file_name} is still pending after the final rollback")
+        for base in list_base_files(self.table):
+            item = evidence.completed.get(base.instant_time)
+            if item is None or not item.instant.action.writes_data:
+                self.fail("9", f"{base.path} belongs to no completed instant: garbage left behind")
+        for info in self.storage.list(HEARTBEAT_DIR):
+            self.fail("9", f"heartbeat {info.path} left behind")
+        for info in self.storage.walk_files(MARKER_DIR):
+            self.fail("9", f"marker {info.path} left behind")
+        down = [f for f in self.o.harness if f["kind"] in ("daemon-kill", "daemon-start")]
+        if self.scenario.daemon == "none" or down:
+            self.stats.commits_without_daemon += self._commits_while_down(evidence, down)
+
+    def _commits_while_down(self, evidence: Evidence, marks: list[dict[str, Any]]) -> int:
+        if self.scenario.daemon == "none":
+            return self.stats.commits
+        intervals, start = [], None
+        for mark in marks:
+            if mark["kind"] == "daemon-kill":
+                start = mark["wall"]
+            elif start is not None:
+                intervals.append((start, mark["wall"]))
+                start = None
+        if start is not None:
+            intervals.append((start, float("inf")))
+        return sum(1 for entry in self.o.commit_log if any(a <= entry["wall"] <= b for a, b in intervals))
+
+
+def _records(table: pa.Table) -> list[Record]:
+    if table.num_rows == 0:
+        return []
+    columns = [table.column(c).to_pylist() for c in ("id", "part", "ts", "value", "_hoodie_commit_time")]
+    return sorted(zip(*columns, strict=True))
+
+
+def _hudi_records(uri: str, options: dict[str, str]) -> list[Record]:
+    from hudi import HudiTableBuilder
+
+    builder = HudiTableBuilder.from_base_uri(uri)
+    if options:
+        builder = builder.with_storage_options(options)
+    batches = builder.build().read()
+    return _records(pa.Table.from_batches(batches)) if batches else []
+
+
+def _diff(expected: Iterable[Record], found: Iterable[Record]) -> str:
+    want, got = set(expected), set(found)
+    missing, extra = sorted(want - got), sorted(got - want)
+    return f"{len(missing)} missing, e.g. {missing[:4]}; {len(extra)} unexpected, e.g. {extra[:4]}"
+
+
+def _inventory(storage: Storage) -> dict[str, int]:
+    return {info.path: info.size for info in storage.walk_files()}
+
+
+def rows_of(rows: Iterable[Row]) -> list[tuple[str, str, int, str]]:
+    return [(r.id, r.part, r.ts, r.value) for r in rows]

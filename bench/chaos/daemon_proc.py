@@ -1,0 +1,46 @@
+"""The daemon in a process of its own, for scenarios that kill it with SIGKILL mid-run.
+
+``python -m bench.chaos.daemon_proc CONFIG.json``: the same :class:`~cowrite.daemon.service.Daemon` the
+``cowrite daemon`` command runs, built from JSON so the harness can keep every lock file (``locks_kept``)
+as evidence for the checker. SIGTERM drains and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.service import Daemon
+
+
+def config_from(spec: dict[str, Any]) -> DaemonConfig:
+    return DaemonConfig(
+        tables=(TableEntry(spec["uri"], spec.get("name"), spec.get("settings", {})),),
+        port=0,
+        poll_interval=spec.get("poll", 0.1),
+        clean_interval=spec.get("clean", 0.5),
+        commits_retained=spec.get("commits_retained"),
+        locks_kept=spec.get("locks_kept", 100_000),
+    )
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(process)d %(name)s %(levelname)s %(message)s")
+    daemon = Daemon(config_from(json.loads(Path(sys.argv[1]).read_text())))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    daemon.start(serve_http=False)
+    Path(sys.argv[1] + ".started").touch()
+    stop.wait()
+    daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The fault-injection harness in its quick mode, the checker's own teeth, and the bugs the harness found.
+
+``bench/chaos`` runs random multi-writer scenarios under kills, stops, skewed clocks and failing storage,
+and checks the nine invariants of DESIGN.md (see its docstrings and the README). Here it runs a few small
+scenarios of a fixed seed (``COWRITE_CHAOS_SEED`` picks another; the long mode runs on demand:
+``python -m bench.chaos --seed N --scenarios K --long``). Each bug the harness found has a deterministic
+test below, so it stays fixed even when no random scenario happens to hit it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cowrite.cleaner import archive, clean, rollback_failed, service_lock
+from cowrite.cleaner.rollback import _finish, _start
+from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.metrics import DaemonMetrics
+from cowrite.daemon.service import TableService
+from cowrite.timeline import config as keys
+from cowrite.timeline.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
+from cowrite.timeline.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
+from cowrite.timeline.instant import Action, State
+from cowrite.timeline.locks.filesystem import ReleaseReason, _write_release, current_lock
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.timeline.timeline import TIMELINE_DIR
+from cowrite.timeline.transaction import Transaction, WriteOptions
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter, Operation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ lives beside the package
+
+from bench import chaos  # noqa: E402
+from bench.chaos.checker import Checker  # noqa: E402
+from bench.chaos.plan import QUICK, scenario  # noqa: E402
+from bench.chaos.runner import Outcome  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get("COWRITE_CHAOS_SEED", "20261121"))
+QUICK_SCENARIOS = 6  # every daemon mode, every consumer mode, archival in half of them
+POLICY = HeartbeatPolicy(0.2, 2)
+SETTINGS = {
+    keys.HEARTBEAT_INTERVAL_MS.key: "200",
+    keys.HEARTBEAT_TOLERABLE_MISSES.key: "2",
+    keys.LEASE_SAFETY_MARGIN_MS.key: "100",
+}
+
+
+def test_quick_chaos_run_violates_no_invariant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = chaos.run(SEED, QUICK_SCENARIOS, QUICK, workdir=tmp_path, backends=("local",), progress=print)
+    print(report.summary())
+    stats = report.stats
+    assert report.violations == [], "\n".join(map(str, report.violations)) + (
+        f"\nreplay: python -m bench.chaos --seed {SEED} --scenarios {QUICK_SCENARIOS} --keep"
+    )
+    # the run did what it is for
+    assert stats.scenarios == QUICK_SCENARIOS
+    assert stats.commits > 0 and stats.kills > 0 and stats.rollbacks > 0 and stats.storage_faults > 0
+    assert stats.consumer_pulls > 0
+
+
+# -- the checker has teeth ---------------------------------------------------------------------------
+
+
+def rows(ids: list[str], part: str = "p0", ts: int = 1, value: str = "v") -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "part": pa.array([part] * len(ids), pa.string()),
+            "ts": pa.array([ts] * len(ids), pa.int64()),
+            "value": pa.array([value] * len(ids), pa.string()),
+        }
+    )
+
+
+def _outcome(uri: str, seed_instant: str) -> Outcome:
+    plan = replace(scenario(SEED, 0, QUICK), writers=(), consumers=(), commits_retained=10)
+    return Outcome(
+        scenario=plan,
+        uri=uri,
+        storage_options={},
+        hudi_options={},
+        seed_instant=seed_instant,
+        events={},
+        commit_log=[],
+        harness=[],
+        exits={},
+        outputs={},
+        consumers=[],
+        policy=POLICY,
+    )
+
+
+def test_the_checker_reports_planted_violations(tmp_path: Path) -> None:
+    """A clean table passes; lost rows, garbage, a stray heartbeat and a held lock are each reported."""
+    plan = scenario(SEED, 0, QUICK)
+    table = Table.create(
+        str(tmp_path / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["part"],
+        ordering_fields=["ts"],
+        properties=SETTINGS,
+    )
+    seeded = LocalWriter(table).insert(
+        pa.table(
+            {
+                "id": [r.id for r in plan.seed_rows],
+                "part": [r.part for r in plan.seed_rows],
+                "ts": pa.array([r.ts for r in plan.seed_rows], pa.int64()),
+                "value": [r.value for r in plan.seed_rows],
+            }
+        )
+    )
+    assert Checker(_outcome(table.uri, seeded.requested_time)).check()[0] == []
+
+    (first, *_) = sorted(p for p in (i.path for i in table.storage.walk_files()) if p.endswith(".parquet"))
+    data = table.storage.read(first)
+    garbage = first.replace(seeded.requested_time, "20991231000000000")
+    table.storage.write(garbage, data)  # a base file of an instant that never completed
+    table.storage.write(heartbeat_path("20991231000000000"), b"{}")
+    held = service_lock(table, "planted")
+    held.acquire()
+    violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+    found = {v.invariant for v in violations}
+    assert {"7", "9"} <= found, violations
+    held.release()
+    table.storage.delete(garbage)
+    table.storage.delete(first)  # committed data lost
+    violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+    assert any(v.invariant == "1" for v in violations), violations
+
+
+# -- bugs the harness found ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    return Table.create(
+        str(tmp_path / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["part"],
+        ordering_fields=["ts"],
+        properties={**SETTINGS, keys.KEEP_MIN_COMMITS.key: "2", keys.KEEP_MAX_COMMITS.key: "3"},
+    )
+
+
+def staged(
+    table: Table, data: pa.Table, operation: Operation, options: WriteOptions | None = None
+) -> tuple[Transaction, object]:
+    """A write that began and wrote its files, not committed yet: (transaction, its commit metadata)."""
+    writer = LocalWriter(table, options)
+    prepared = writer._prepare(data, operation, "input")
+    transaction = Transaction.begin(table, operation.value, operation.action, writer.options)
+    return transaction, writer._write_files(transaction, prepared, operation)
+
+
+def test_archival_keeps_a_commit_a_pending_writer_has_not_seen(table: Table) -> None:
+    """A commit that completed while another writer was pending was archived before that writer committed:
+    its conflict check no longer saw it and it overwrote the commit's update (a lost update)."""
+    LocalWriter(table).insert(rows(["a", "b"]))
+    first, first_plan = staged(table, rows(["b"], value="first"), Operation.UPSERT)
+    second, second_plan = staged(table, rows(["a"], value="second"), Operation.UPSERT)  # same file group
+    first.commit(first_plan)  # type: ignore[arg-type]
+    for i in range(3):
+        LocalWriter(table).insert(rows([f"x{i}"], part=f"q{i}"))
+    archived = archive(table, service_lock(table))
+    assert archived is None or first.instant_time not in archived.instants
+    with pytest.raises(WriteConflictError):
+        second.commit(second_plan)  # type: ignore[arg-type]
+    assert {r["id"]: r["value"] for r in read.snapshot(table).to_pylist() if r["part"] == "p0"} == {
+        "a": "v",
+        "b": "first",
+    }
+
+
+def test_archival_keeps_the_latest_completion_time(table: Table) -> None:
+    """A long write from a clock 30 s ahead completed last; once it was archived, the next commit took a
+    completion time below it (completion times went back; a consumer past it skipped the new commit)."""
+    LocalWriter(table).insert(rows(["a"]))
+    ahead = WriteOptions(config=table.config, clock=lambda: time.time() + 30)
+    slow, slow_plan = staged(table, rows(["b"], part="p1"), Operation.INSERT, ahead)
+    for i in range(3):
+        LocalWriter(table).insert(rows([f"x{i}"], part=f"q{i}"))
+    done = slow.commit(slow_plan)  # type: ignore[arg-type]
+    archive(table, service_lock(table))
+    after = LocalWriter(table).insert(rows(["c"], part="p2"))
+    assert (after.completion_time or "") > (done.completion_time or "")
+
+
+@pytest.mark.parametrize("mode", list(read.PullMode))
+def test_a_consumer_behind_archival_is_told_instead_of_skipping_commits(
+    table: Table, mode: read.PullMode
+) -> None:
+    """Pulls read the active timeline (or the overlay built from it): commits archived before a consumer
+    pulled them were skipped without a word."""
+    LocalWriter(table).insert(rows(["a"]))
+    if mode is read.PullMode.OVERLAY:
+        _poll_daemon(table)
+    checkpoint = read.pull(table, None, mode).checkpoint
+    for i in range(5):
+        LocalWriter(table).insert(rows([f"x{i}"], part=f"q{i}"))
+    assert archive(table, service_lock(table)) is not None
+    if mode is read.PullMode.OVERLAY:
+        _poll_daemon(table)
+    with pytest.raises(CheckpointArchivedError, match="archived before this consumer pulled them"):
+        read.pull(table, checkpoint, mode)
+
+
+def _poll_daemon(table: Table) -> None:
+    config = DaemonConfig(tables=(TableEntry(table.uri, "t"),), port=0)
+    from prometheus_client import CollectorRegistry
+
+    service = TableService(config.tables[0], config, DaemonMetrics(CollectorRegistry(), lambda: []))
+    try:
+        service.poll()
+        assert service.status.up, service.status.error
+    finally:
+        service.close()
+
+
+def test_a_writer_that_lost_its_begin_lock_does_not_keep_its_claim(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer paused while holding the lock to claim an instant was expired meanwhile; it then claimed a
+    time from its stale timeline, possibly below instants others claimed since, and wrote on."""
+    LocalWriter(table).insert(rows(["a"]))
+    original = Table.claim_instant
+
+    def claim_after_losing_the_lock(self: Table, *args: object, **kwargs: object) -> object:
+        held = current_lock(self.storage)
+        assert held is not None
+        _write_release(self.storage, held.lock_id, "someone", ReleaseReason.EXPIRED, time.time())
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Table, "claim_instant", claim_after_losing_the_lock)
+    with pytest.raises(LeaseLostError, match="was lost"):
+        Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    monkeypatch.setattr(Table, "claim_instant", original)
+    [pending] = table.timeline().pending()
+    [done] = rollback_failed(table, service_lock(table), POLICY)  # marked aborted: no need to wait
+    assert done.target == pending.requested_time and not table.timeline().pending()
+
+
+def test_two_cleaners_finish_one_rollback_once(table: Table) -> None:
+    """Two cleaners finishing one rollback plan completed its instant twice (two completion files), and both
+    recorded a rollback of the same failed instant."""
+    LocalWriter(table).insert(rows(["a"]))
+    dead = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    assert dead.heartbeat is not None
+    dead.heartbeat.stop(delete=False)
+    failed = table.timeline().get(dead.instant_time)
+    assert failed is not None
+    later = time.time() + 10
+    rollback = _start(table, service_lock(table, "a"), failed, POLICY, later)
+    assert rollback is not None
+    assert _start(table, service_lock(table, "b"), failed, POLICY, later) is None  # already being rolled back
+    assert _finish(table, service_lock(table, "a"), rollback, later) is not None
+    assert _finish(table, service_lock(table, "b"), rollback, later) is None
+    completions = [
+        n
+        for n in (i.name for i in table.storage.list(TIMELINE_DIR))
+        if n.startswith(rollback.requested_time + "_")
+    ]
+    assert len(completions) == 1
+
+
+def test_two_cleaners_finish_one_clean_once(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second cleaner that runs while the first deletes the files of the same plan completes it too."""
+    writer = LocalWriter(table)
+    writer.insert(rows(["a"]))
+    writer.upsert(rows(["a"], ts=2))
+    writer.upsert(rows(["a"], ts=3))
+    backend = type(table.storage)
+    original = backend.delete
+    interleaved: list[object] = []
+
+    def delete(self: Storage, path: str) -> None:
+        if not interleaved and path.endswith(".parquet"):
+            interleaved.append("running")
+            interleaved.append(clean(table, service_lock(table, "second"), 1))  # the whole second run
+        original(self, path)
+
+    monkeypatch.setattr(backend, "delete", delete)
+    first = clean(table, service_lock(table, "first"), 1)
+    assert interleaved[1] is not None and first is None
+    cleans = [i for i in table.timeline() if i.action is Action.CLEAN]
+    names = [i.name for i in table.storage.list(TIMELINE_DIR)]
+    assert [(i.state, sum(n.startswith(i.requested_time + "_") for n in names)) for i in cleans] == [
+        (State.COMPLETED, 1)
+    ]
+
+
+def test_heartbeats_of_instants_no_longer_pending_are_collected(table: Table) -> None:
+    """A writer killed between publishing and deleting its heartbeat, or one that came back after its
+    instant was rolled back and recorded its abort, left a heartbeat nothing ever removed."""
+    done = LocalWriter(table).insert(rows(["a"]))
+    table.storage.write(heartbeat_path(done.requested_time), b'{"owner": "x"}')  # killed after publishing
+    table.storage.write(heartbeat_path("20260101000000000"), b'{"aborted": "lease-lost"}')  # rolled back
+    live = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    try:
+        time.sleep(POLICY.tolerance + 0.1)
+        rollback_failed(table, service_lock(table), POLICY)
+        assert {i.name for i in table.storage.list(HEARTBEAT_DIR)} == {live.instant_time}
+    finally:
+        assert live.heartbeat is not None
+        live.heartbeat.stop()
+
+
+def test_a_commit_is_reported_even_if_its_heartbeat_cannot_be_deleted(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting the heartbeat after publishing failed with StorageError: the write reported an error
+    ("nothing committed", exit 1) for a commit that was visible."""
+    backend = type(table.storage)
+    original = backend.delete
+    failed: list[str] = []
+
+    def delete(self: Storage, path: str) -> None:
+        if path.startswith(HEARTBEAT_DIR):
+            failed.append(path)
+            raise StorageError(f"injected: deleting {path} failed")
+        original(self, path)
+
+    monkeypatch.setattr(backend, "delete", delete)
+    done = LocalWriter(table).insert(rows(["a"]))
+    assert failed  # the fault was injected
+    assert table.timeline().get(done.requested_time) == done and done.is_completed
+    assert [r["id"] for r in read.snapshot(table).to_pylist()] == ["a"]
+
+
+# -- incremental consumers across interleavings ------------------------------------------------------
+
+STEPS = st.lists(
+    st.tuples(st.sampled_from(["begin", "commit", "pull", "poll"]), st.integers(0, 2)), max_size=30
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=STEPS, data=st.data())
+def test_consumers_see_every_commit_once_in_any_interleaving(
+    steps: list[tuple[str, int]], data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Three writers begin and commit in any order (so commits complete out of requested-time order, and
+    some conflict); consumers of each pull mode pull in between; the daemon's overlay is refreshed now and
+    then. Folded together, each consumer's pulls are the snapshot, with no row version twice."""
+    table = Table.create(
+        str(tmp_path_factory.mktemp("t") / "t"),
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["part"],
+        ordering_fields=["ts"],
+        properties=SETTINGS,
+    )
+    LocalWriter(table).insert(rows([f"k{i}" for i in range(6)]))
+    service = _service(table)
+    service.poll()
+    staged_writes: dict[int, tuple[Transaction, object]] = {}
+    consumers = {mode: _Consumer(table, mode) for mode in read.PullMode}
+    fresh = iter(range(10**6))
+    try:
+        for action, who in steps:
+            if action == "begin" and who not in staged_writes:
+                keys_ = data.draw(
+                    st.lists(st.sampled_from([f"k{i}" for i in range(6)]), max_size=3, unique=True)
+                )
+                keys_ += [f"n{next(fresh)}" for _ in range(data.draw(st.integers(0, 2)))]
+                if keys_:
+                    staged_writes[who] = staged(
+                        table, rows(keys_, ts=data.draw(st.integers(0, 3)), value=f"w{who}"), Operation.UPSERT
+                    )
+            elif action == "commit" and who in staged_writes:
+                _commit(*staged_writes.pop(who))
+            elif action == "pull":
+                list(consumers.values())[who].pull()
+            elif action == "poll":
+                service.poll()
+        for transaction, metadata in staged_writes.values():
+            _commit(transaction, metadata)
+        _caught_up(service, table)
+        snapshot = {
+            r["id"]: (r["value"], r["_hoodie_commit_time"])
+            for r in read.snapshot(table, with_meta=True).to_pylist()
+        }
+        for consumer in consumers.values():
+            consumer.drain()
+            assert consumer.state == snapshot, consumer.mode
+    finally:
+        service.close()
+
+
+def _commit(transaction: Transaction, metadata: object) -> None:
+    try:
+        transaction.commit(metadata)  # type: ignore[arg-type]
+    except WriteConflictError:
+        pass
+
+
+def _caught_up(service: TableService, table: Table) -> None:
+    """Poll until the overlay shows the latest commit (the follower learns of files by inotify events)."""
+    deadline = time.monotonic() + 30
+    while True:
+        service.poll()
+        latest = max((i.completion_time or "" for i in table.timeline().data_commits()), default="")
+        if service.overlay is not None and (service.overlay.watermark or "") >= latest:
+            return
+        assert time.monotonic() < deadline, "the daemon's overlay did not catch up"
+        time.sleep(0.01)
+
+
+def _service(table: Table) -> TableService:
+    from prometheus_client import CollectorRegistry
+
+    config = DaemonConfig(tables=(TableEntry(table.uri, "t", SETTINGS),), port=0)
+    return TableService(config.tables[0], config, DaemonMetrics(CollectorRegistry(), lambda: []))
+
+
+class _Consumer:
+    def __init__(self, table: Table, mode: read.PullMode) -> None:
+        self.table, self.mode = table, mode
+        self.checkpoint: str | None = None
+        self.state: dict[str, tuple[str, str]] = {}
+        self.delivered: set[tuple[str, str]] = set()
+
+    def pull(self) -> bool:
+        got = read.pull(self.table, self.checkpoint, self.mode, with_meta=True)
+        for row in got.rows.to_pylist():
+            version = (row["id"], row["_hoodie_commit_time"])
+            assert version not in self.delivered, f"{self.mode}: {version} pulled twice"
+            self.delivered.add(version)
+            self.state[row["id"]] = (row["value"], row["_hoodie_commit_time"])
+        self.checkpoint = got.checkpoint
+        return bool(got.commits)
+
+    def drain(self) -> None:
+        while self.pull():
+            pass
