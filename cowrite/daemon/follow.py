@@ -40,6 +40,11 @@ class TimelineFollower:
             self._watch()
         return self._sync_by_listing()
 
+    def resync(self) -> tuple[list[Instant], list[Instant]]:
+        """One listing, now: after changes of our own whose events may not have arrived yet."""
+        self.poll()
+        return self._diff(self._list())
+
     def poll(self) -> tuple[list[Instant], list[Instant]]:
         """(instant files that appeared, instant files that vanished) since the last poll."""
         if self._observer is None:

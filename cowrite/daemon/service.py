@@ -161,8 +161,8 @@ class TableService:
             for item in done:
                 self.metrics.rollbacks.labels(self.name).inc()
                 self.metrics.deleted_files.labels(self.name, "rollback").inc(len(item.deleted))
-            if done:
-                self.follower.poll()
+            if done:  # our own changes: look now rather than wait for their events
+                self.follower.resync()
                 timeline = self.follower.timeline
                 pending = pending_writers(table, timeline, self.policy, now)
         else:
