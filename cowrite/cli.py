@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import pyarrow as pa
@@ -35,6 +35,9 @@ from .timeline.errors import (
 )
 from .timeline.table import Table
 from .timeline.transaction import WriteOptions
+
+if TYPE_CHECKING:
+    from .writer.clustering import MapJobs
 
 EXIT_ERROR, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 3, 4, 5, 6
 _EXIT_CODES: list[tuple[type[CowriteError], int]] = [
@@ -148,9 +151,10 @@ def init(
 @click.option("--input-format", type=click.Choice(["parquet", "csv", "jsonl"]), help="Override detection.")
 @click.option(
     "--operation",
-    type=click.Choice(["insert", "upsert", "delete", "insert_overwrite"]),
+    type=click.Choice(["insert", "upsert", "delete", "insert_overwrite", "bulk_insert"]),
     default="upsert",
     show_default=True,
+    help="bulk_insert needs --engine spark.",
 )
 @click.option(
     "--lock-provider",
@@ -158,6 +162,14 @@ def init(
     help="Table lock (default: the table's hoodie.write.lock.provider, else filesystem).",
 )
 @click.option("--option", "-o", "options", multiple=True, help="Write setting KEY=VALUE (repeatable).")
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "spark"]),
+    default="local",
+    show_default=True,
+    help="local: this process with pyarrow; spark: a Spark job (-o spark.*=... configures its session).",
+)
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL (--engine spark).")
 def write(
     path: str,
     input_path: str,
@@ -165,22 +177,34 @@ def write(
     operation: str,
     lock_provider: str | None,
     options: Sequence[str],
+    engine: str,
+    master: str,
 ) -> None:
     """Write records into the table at PATH as one commit."""
     from .writer.local import LocalWriter
 
+    if operation == "bulk_insert" and engine != "spark":
+        raise click.UsageError("--operation bulk_insert needs --engine spark")
     try:
         table = Table.load(path)
         settings = _options(options)
         if lock_provider:
             settings[keys.LOCK_PROVIDER.key] = lock_provider
-        data = read_input(input_path, input_format)
-        writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
-        instant = writer.write(data, operation, source=input_path)
+        write_options = WriteOptions(config=table.config.with_values(settings))
+        if engine == "spark":
+            from .writer.spark import command
+
+            instant, count = command.write(
+                table, write_options, input_path, input_format, operation, master, read_input
+            )
+        else:
+            data = read_input(input_path, input_format)
+            instant = LocalWriter(table, write_options).write(data, operation, source=input_path)
+            count = data.num_rows
     except CowriteError as exc:
         _fail(exc)
     click.echo(
-        f"committed {instant.requested_time} ({operation}, {data.num_rows} records), "
+        f"committed {instant.requested_time} ({operation}, {count} records), "
         f"completed at {instant.completion_time}"
     )
 
@@ -324,9 +348,12 @@ def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
 @click.option("--small-file-limit", type=int, help="File groups below this size are clustered (bytes).")
 @click.option("--target-file-size", type=int, help="Size of the new file groups (bytes).")
 @click.option("--schedule-only", is_flag=True, help="Plan under the lock, do not execute.")
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True,
+              help="Where the new file groups are written.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL (--engine spark).")
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
 def cluster(path: str, sort_by: Sequence[str], small_file_limit: int | None, target_file_size: int | None,
-            schedule_only: bool, options: Sequence[str]) -> None:
+            schedule_only: bool, engine: str, master: str, options: Sequence[str]) -> None:
     """Cluster small file groups: plan under the table lock, then execute every pending plan.
 
     Run it from one job dedicated to table services (RFC-22: scheduling is not every writer's job).
@@ -341,10 +368,56 @@ def cluster(path: str, sort_by: Sequence[str], small_file_limit: int | None, tar
         click.echo(f"planned {planned.file_name}" if planned else "nothing to cluster")
         if not schedule_only:
             for instant in pending_clusterings(table):
-                done = execute_clustering(table, instant)
+                done = execute_clustering(table, instant, _cluster_jobs(engine, master, options))
                 click.echo(f"clustered {done.file_name}")
     except CowriteError as exc:
         _fail(exc)
+
+
+def _cluster_jobs(engine: str, master: str, options: Sequence[str]) -> MapJobs:
+    from .writer.clustering import map_locally
+
+    if engine == "local":
+        return map_locally
+    from .writer.spark.clustering import map_on_spark
+    from .writer.spark.command import session
+
+    spark, _ = session(master, _options(options))  # stopped with the process
+    return map_on_spark(spark)
+
+
+@cli.command("bootstrap")
+@click.argument("source")
+@click.argument("destination")
+@click.option("--record-key", multiple=True, required=True, help="Record key field(s).")
+@click.option("--partition-field", multiple=True, help="Partition field(s) (default: the hive-style directories).")
+@click.option("--ordering-field", multiple=True, help="Ordering field(s) for later upserts.")
+@click.option("--name", help="Table name (default: the last part of DESTINATION).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--option", "-o", "options", multiple=True, help="Table property or spark.* setting KEY=VALUE.")
+def bootstrap_command(source: str, destination: str, record_key: Sequence[str], partition_field: Sequence[str],
+                      ordering_field: Sequence[str], name: str | None, master: str, options: Sequence[str]) -> None:
+    """Turn the plain parquet dataset at SOURCE (hive-style partitions) into a table at DESTINATION.
+
+    Run it before any other writer; a failed bootstrap is rolled back like any failed write.
+    """
+    from .writer.spark.bootstrap import bootstrap
+    from .writer.spark.command import session
+
+    settings = _options(options)
+    spark, created = session(master, settings)
+    try:
+        instant = bootstrap(
+            spark, source, destination, record_key_fields=_split(record_key),
+            partition_fields=_split(partition_field) or None, ordering_fields=_split(ordering_field), name=name,
+            settings={k: v for k, v in settings.items() if not k.startswith("spark.")},
+        )
+    except CowriteError as exc:
+        _fail(exc)
+    finally:
+        if created:
+            spark.stop()
+    click.echo(f"bootstrapped {source} into {destination} as {instant.file_name}")
 
 
 @cli.command("archive")

@@ -59,3 +59,33 @@ def storage_options(request: pytest.FixtureRequest, storage_uri: str) -> dict[st
 @pytest.fixture
 def storage(storage_uri: str, storage_options: dict[str, Any]) -> Storage:
     return Storage.for_uri(storage_uri, **storage_options)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] SparkSession for the whole test run (starting one takes 5-12 s), stopped at the end.
+
+    Executors use this virtualenv's Python (pyarrow, cowrite) and bind the loopback interface only.
+    """
+    import os
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("cowrite-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+

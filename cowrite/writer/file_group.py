@@ -81,15 +81,18 @@ def write_file_group(
     if existing is None:
         combined = stamped
     else:
-        combined = pa.concat_tables(
-            [
-                existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows)),
-                stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows)),
-            ],
-            promote_options="permissive",
-        )
+        stored = existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows))
+        fresh_rows = stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows))
         if work.merge:
-            combined = latest_per_key(combined, combined.column(RECORD_KEY), ordering)
+            # only keys that arrive again are contested; the others are copied without sorting them
+            touched = pc.is_in(stored.column(RECORD_KEY), value_set=stamped.column(RECORD_KEY))
+            contested = pa.concat_tables([stored.filter(touched), fresh_rows], promote_options="permissive")
+            winners = latest_per_key(contested, contested.column(RECORD_KEY), ordering)
+            combined = pa.concat_tables(
+                [stored.filter(pc.invert(touched)), winners], promote_options="permissive"
+            )
+        else:
+            combined = pa.concat_tables([stored, fresh_rows], promote_options="permissive")
     existing_keys = existing.column(RECORD_KEY) if existing is not None else pa.array([], pa.string())
     deletes = 0
     if deleted_keys is not None and len(deleted_keys):
@@ -102,7 +105,9 @@ def write_file_group(
     num_updates = pc.sum(updated).as_py() or 0
     result = _finish(combined, instant, task, name)
     with storage.open_output(work.new_path) as stream:
-        pq.write_table(result, stream, compression=compression)
+        # dictionary encoding of the two unique meta columns only costs time before parquet gives up on it
+        dictionary = [c for c in result.column_names if c not in (COMMIT_SEQNO, RECORD_KEY)]
+        pq.write_table(result, stream, compression=compression, use_dictionary=dictionary)
     size = storage.stat(work.new_path).size
     return WriteStat(
         file_id=work.file_id,
@@ -139,7 +144,8 @@ def _incoming_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
 def _finish(combined: pa.Table, instant: str, task: int, file_name: str) -> pa.Table:
     """Number the new rows, point every row at its file, put meta columns first, sort by key."""
     fresh = _incoming_mask(combined)
-    numbers = pa.array([f"{instant}_{task}_{i}" for i in range(combined.num_rows)], pa.string())
+    positions = pc.cast(pa.array(range(combined.num_rows), pa.int64()), pa.string())
+    numbers = pc.binary_join_element_wise(f"{instant}_{task}_", positions, "")  # f"{instant}_{task}_{i}"
     seqno = pc.if_else(fresh, numbers, combined.column(COMMIT_SEQNO))
     table = combined.set_column(combined.schema.get_field_index(COMMIT_SEQNO), COMMIT_SEQNO, seqno)
     table = table.set_column(

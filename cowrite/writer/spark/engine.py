@@ -3,39 +3,51 @@
 Executors do the data work — keys, deduplication, the index, merging and writing base files with
 pyarrow through the storage layer — and return write stats; the driver only plans (from row counts),
 runs the transaction and commits. Semantics are the local engine's (:mod:`cowrite.writer.local`), plus
-``bulk_insert``.
+``bulk_insert``. The Spark jobs of a write:
 
 Upsert, delete, insert_overwrite (the *merge* pipeline)::
 
-    input ─ shuffle by key ─ stamp keys/paths, dedupe (latest_per_key) ─┬─ key ranges per partition (job 1)
-                                     [validation happens here: nothing began yet]
-    begin ─ index: latest base files of the touched partitions, keys only, pruned by footer key ranges
-          ─ join by (key, partition) ─ count per (task, partition, file group) (job 2)
-          ─ plan on the driver (file names, .inflight)
-          ─ route rows to file groups ─ shuffle: one file group per task ─ write_file_group (job 3)
-          ─ commit
+    1 narrow rows (position, key, partition, ordering columns) ─ shuffle by key ─ stamp key and path,
+      deduplicate (latest_per_key) ─ persist; rows, smallest and largest key per partition -> driver
+      [null keys and bad partition values fail here: nothing has begun]
+    begin the transaction
+    2 range shuffle by (partition, key) ─ tag: each task reads the keys of the latest base files of its
+      partitions (footers outside its key range skipped) and joins (tag_locations) ─ persist;
+      rows per (task, partition, file group) -> driver
+    plan on the driver: every file group and file name (assign_inserts for new records), .inflight
+    3 route the narrow rows (file group of the key, or by rank into the planned new ones) ─ join the
+      whole rows by position ─ shuffle: a few file groups per write task ─ write_file_group -> stats
+    commit
 
 Insert, bulk_insert (the *append* pipeline)::
 
-    count keys/partitions per task (job 1, validates keys) ─ begin ─ plan ─ each task writes the new
-    file groups of its own records, rows for small file groups are shuffled to theirs (job 2) ─ commit
+    1 rows per (task, partition) and null keys, counted by Spark alone -> driver
+    begin, plan, .inflight
+    2 each task writes the new file groups of its own records (no shuffle); only the records that fill
+      existing small file groups are shuffled to theirs -> stats
+    commit
 
-Why inserts write where the rows are: a shuffle of every row costs about as much as the whole parquet
-write; only the records that fill existing small file groups must meet their base file. Both pipelines
-read their input twice (count, then write): an input that is not cached is persisted for the write, as
-Hudi does, and a task that sees other counts than planned fails the write cleanly.
+Why the design looks like this (measured on Spark 4.3, see ``bench/spark_write.py``): moving a row
+between the JVM and a Python worker costs about as much as writing it to parquet, and every Python task
+has a fixed cost. So whole rows go to Python once, to be written; the steps that only decide
+(deduplicate, tag, route) see narrow rows; inserts are written where they are; the index is read inside
+the tagging tasks instead of being shuffled; and tasks are few. Both pipelines read their input twice
+(count, then write): an input that is not cached is persisted for the write, as Hudi does, and a task
+that sees other counts than planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -52,31 +64,25 @@ from ...timeline.table import Table
 from ...timeline.transaction import Transaction, WriteOptions
 from ..local import LocalWriter, Operation, _latest_schema
 from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
-from ..records import PARTITION_PATH, RECORD_KEY
+from ..records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
 from ..schema import avro_schema
 from .errors import translate
 from .plan import Count, SparkPlan, plan_append, plan_merge
 from .tasks import (
     BUCKET,
-    COUNT_SCHEMA,
-    INDEX_SCHEMA,
     POSITION,
     STAT,
     AssignBuckets,
-    CountRows,
     Deduplicate,
-    ReadIndex,
     StorageSpec,
     TableSpec,
+    TagRows,
     WriteContext,
     WriteGroup,
     WriteInserts,
     stamp,
     stat_from_json,
 )
-
-if TYPE_CHECKING:
-    from py4j.protocol import Py4JJavaError  # noqa: F401
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,8 +116,9 @@ class WriteMetrics:
     """What the last write did, for tests and logs."""
 
     input_rows: int = 0  # after deduplication, where the operation deduplicates
-    index_files: int = 0  # latest base files the index considered
-    index_files_pruned: int = 0  # of those, skipped by their footer key range
+    index_files: int = 0  # latest base files of the touched partitions
+    index_files_read: int = 0  # files whose keys a tagging task read (a file may be read by several)
+    index_files_pruned: int = 0  # files a tagging task skipped by their footer key range
     file_groups: int = 0  # base files written
     routed_file_groups: int = 0  # of those, written after a shuffle
     persisted: list[str] = field(default_factory=list)  # what the write persisted (and released)
@@ -121,13 +128,14 @@ class WriteMetrics:
 class _Prepared:
     """The part of a write that does not depend on the instant; reused by a retry after a conflict."""
 
-    data: DataFrame  # append: the input (persisted); merge: deduplicated rows with key and path
+    data: DataFrame  # append: the input (persisted); merge: deduplicated position, key and path
     counts: list[Count]  # append: rows per task and partition
     ranges: dict[str | None, tuple[int, str, str]]  # merge: partition -> (rows, min key, max key)
     schema: str  # Avro schema for the commit ("" for deletes: the table's stays)
     data_columns: tuple[str, ...]
     sample: Callable[[], pa.Table]  # a few prepared rows, for sizing when the table has no files yet
     release: list[DataFrame] = field(default_factory=list)
+    rows: DataFrame | None = None  # merge: the input's whole rows with their position
 
 
 class SparkWriter:
@@ -152,7 +160,8 @@ class SparkWriter:
         self.source = source
         self.spec = TableSpec.of(table, self.config, source)
         self.metrics = WriteMetrics()
-        self._pruned: Any = None  # the accumulator of index files pruned, while a write runs
+        self._read: Any = None  # accumulators of index files read and pruned, while a write runs
+        self._pruned: Any = None
 
     # -- operations --------------------------------------------------------------------------------------
     def insert(self, df: DataFrame) -> Instant:
@@ -202,7 +211,8 @@ class SparkWriter:
     # -- validation ----------------------------------------------------------------------------------
     def _validate(self, df: DataFrame, operation: SparkOperation) -> tuple[str, tuple[str, ...]]:
         """The local engine's checks on an empty table of the input's schema: the same errors, at once."""
-        empty = to_arrow_schema(df.schema).empty_table()
+        zone = self.spark.conf.get("spark.sql.session.timeZone") or "UTC"
+        empty = to_arrow_schema(df.schema, timezone=zone).empty_table()
         prepared = LocalWriter(self.table, self.options)._prepare(empty, operation.local, self.source)
         data = prepared.drop_columns([RECORD_KEY, PARTITION_PATH])
         schema = "" if operation is SparkOperation.DELETE else avro_schema(data.schema, self.table.name)
@@ -241,42 +251,89 @@ class SparkWriter:
         counted = data
         if sort:  # a sort within tasks keeps their rows: the counts stay valid
             data = data.sortWithinPartitions(*table.partition_fields)
-        columns = [*dict.fromkeys([*table.record_key_fields, *table.partition_fields])]
-        found = self._run(
-            lambda: (
-                counted.select(*columns)
-                .mapInArrow(CountRows(self.spec, stamp_input=True), COUNT_SCHEMA)
-                .collect()
-            )
-        )
-        counts = [Count(r.task, r.partition, None, r.rows) for r in found]
+        counts = self._count_inserts(counted)
         self.metrics.input_rows = sum(c.rows for c in counts)
 
         def sample() -> pa.Table:
-            return stamp(self._run(lambda: counted.limit(1000).toArrow()), self.spec)
+            return stamp(self._run("sample", lambda: counted.limit(1000).toArrow()), self.spec)
 
         return _Prepared(data, counts, {}, schema, data_columns, sample, release)
+
+    def _count_inserts(self, data: DataFrame) -> list[Count]:
+        """Rows per task and partition path, and the null keys, counted by Spark alone (no Python).
+
+        Grouping by the partition columns' values is grouping by partition path (the path is a function
+        of the values); the few distinct value rows come back as Arrow and get their paths from
+        ``partition_paths`` here. Null keys fail with ``record_keys``'s own error, before anything begins.
+        """
+        table = self.table
+        task = F.spark_partition_id().alias("__task")
+        nulls = [
+            F.sum(F.col(k).isNull().cast("long")).alias(f"__nulls{i}")
+            for i, k in enumerate(table.record_key_fields)
+        ]
+        found = self._run(
+            "count",
+            lambda: (
+                data.groupBy(task, *table.partition_fields)
+                .agg(F.count(F.lit(1)).alias("__rows"), *nulls)
+                .toArrow()
+            ),
+        )
+        for i, name in enumerate(table.record_key_fields):
+            missing = int(pc.sum(found.column(f"__nulls{i}")).as_py() or 0)
+            if missing:
+                kind = (
+                    found.schema.field(name).type if name in found.column_names else _arrow_type(data, name)
+                )
+                record_keys(pa.table({name: pa.nulls(missing, kind)}), [name], self.source)
+        paths = partition_paths(found, table.partition_fields, table.hive_style_partitioning, self.source)
+        totals: dict[tuple[int, str], int] = {}
+        for task_id, path, rows in zip(
+            found.column("__task").to_pylist(),
+            paths.to_pylist(),
+            found.column("__rows").to_pylist(),
+            strict=True,
+        ):
+            totals[(task_id, path)] = totals.get((task_id, path), 0) + rows
+        return [Count(t, p, None, n) for (t, p), n in sorted(totals.items())]
 
     def _prepare_merge(
         self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
     ) -> _Prepared:
-        table = self.table
+        """Deduplicate the *narrow* rows: position, key, partition and ordering columns only.
+
+        Moving rows between the JVM and Python costs about as much per row as writing them, so the
+        steps that only decide (deduplicate, tag, route) see narrow rows; the whole rows of the winners
+        meet their routes in a join on the position and go to Python once, to be written.
+        """
+        table, release = self.table, []
         with_paths = operation is not SparkOperation.DELETE or all(
             f in df.columns for f in table.partition_fields
         )
         ordering = () if operation is SparkOperation.DELETE else table.ordering_fields
+        keyed = df.withColumn(POSITION, F.monotonically_increasing_id())
+        if not _is_persisted(df):  # the position must name the same row in both evaluations
+            keyed = keyed.persist(StorageLevel.MEMORY_AND_DISK)
+            release.append(keyed)
+            self.metrics.persisted.append("input")
+        paths = table.partition_fields if with_paths else ()
+        narrow_columns = [*dict.fromkeys([*table.record_key_fields, *paths, *ordering]), POSITION]
+        narrow = keyed.select(*narrow_columns)
         out = StructType(
-            [StructField(f.name, f.dataType, True) for f in df.schema]
+            [StructField(f.name, f.dataType, True) for f in narrow.schema]
             + [StructField(RECORD_KEY, StringType(), True), StructField(PARTITION_PATH, StringType(), True)]
         )
         deduplicated = (
-            df.withColumn(POSITION, F.monotonically_increasing_id())
-            .repartition(self._parallelism(keys.UPSERT_SHUFFLE_PARALLELISM), *table.record_key_fields)
+            self._by_key(narrow, df.rdd.getNumPartitions())
             .mapInArrow(Deduplicate(self.spec, ordering, with_paths), out)
+            .select(POSITION, RECORD_KEY, PARTITION_PATH)
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
-        self.metrics.persisted.append("deduplicated input")
+        release.append(deduplicated)
+        self.metrics.persisted.append("deduplicated keys")
         found = self._run(
+            "deduplicate",
             lambda: (
                 deduplicated.groupBy(PARTITION_PATH)
                 .agg(
@@ -285,15 +342,15 @@ class SparkWriter:
                     F.max(RECORD_KEY).alias("high"),
                 )
                 .collect()
-            )
+            ),
         )
         ranges = {r[PARTITION_PATH]: (r.rows, r.low, r.high) for r in found}
         self.metrics.input_rows = sum(rows for rows, _, _ in ranges.values())
 
         def sample() -> pa.Table:
-            return self._run(lambda: deduplicated.limit(1000).toArrow())
+            return stamp(self._run("sample", lambda: df.limit(1000).toArrow()), self.spec, with_paths)
 
-        return _Prepared(deduplicated, [], ranges, schema, data_columns, sample, [deduplicated])
+        return _Prepared(deduplicated, [], ranges, schema, data_columns, sample, release, keyed)
 
     # -- one instant ---------------------------------------------------------------------------------
     def _write_once(self, prepared: _Prepared, operation: SparkOperation) -> Instant:
@@ -333,7 +390,7 @@ class SparkWriter:
             else FileSystemView(())
         )
         sizing = self._sizing(view, prepared, partitions)
-        plan = plan_append(transaction.instant_time, prepared.counts, view, sizing, fill, self._route_keys)
+        plan = plan_append(transaction.instant_time, prepared.counts, view, sizing, fill, self._write_tasks())
         transaction.plan(self._metadata(operation, plan.planned_stats(), {}, prepared.schema))
         context = WriteContext(self.spec, transaction.instant_time, plan.buckets, prepared.data_columns)
         data = prepared.data
@@ -349,7 +406,7 @@ class SparkWriter:
         written = data.mapInArrow(WriteInserts(context, plan.segments, plan.local), out)
         if plan.routed:
             written = (
-                written.repartition(len(plan.routed), BUCKET)
+                written.repartition(plan.write_tasks, BUCKET)
                 .groupBy(BUCKET)
                 .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
             )
@@ -377,28 +434,25 @@ class SparkWriter:
             view = FileSystemView(())
             tagged = deduplicated.withColumn(FILE_ID, F.lit(None).cast(StringType()))
         else:
-            index = self._index(view, {} if lookup_all else prepared.ranges)
-            if lookup_all:
-                tagged = deduplicated.drop(PARTITION_PATH).join(index, [RECORD_KEY], "inner")
-            else:
-                tagged = deduplicated.join(index, [RECORD_KEY, PARTITION_PATH], "left")
+            tagged = self._tag(deduplicated, view, len(partitions), lookup_all)
             if operation is SparkOperation.DELETE:
                 tagged = tagged.where(F.col(FILE_ID).isNotNull())
-            # the join (and the index read) must run once: counting and routing see the same tasks
+            # tagging (and its index reads) runs once: counting and routing see the same tasks
             tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
             release.append(tagged)
+        task = F.spark_partition_id().alias("task")
         found = self._run(
+            "tag and count",
             lambda: (
-                tagged.select(PARTITION_PATH, FILE_ID)
-                .mapInArrow(CountRows(self.spec, stamp_input=False), COUNT_SCHEMA)
-                .collect()
-            )
+                tagged.groupBy(task, PARTITION_PATH, FILE_ID).agg(F.count(F.lit(1)).alias("rows")).collect()
+            ),
         )
+        self._index_metrics()
         transaction.check_alive()
-        counts = [Count(r.task, r.partition, r.file_id, r.rows) for r in found]
+        counts = [Count(r.task, r[PARTITION_PATH], r[FILE_ID], r.rows) for r in found]
         sizing = self._sizing(view, prepared, partitions)
         merge = True
-        plan = plan_merge(transaction.instant_time, counts, view, sizing, merge, self._route_keys)
+        plan = plan_merge(transaction.instant_time, counts, view, sizing, merge, self._write_tasks())
         schema = (
             prepared.schema if operation is not SparkOperation.DELETE else _latest_schema(table, transaction)
         )
@@ -415,9 +469,15 @@ class SparkWriter:
             routed_schema = StructType(
                 [f for f in tagged.schema if f.name != FILE_ID] + [StructField(BUCKET, LongType(), True)]
             )
+            routed = tagged.mapInArrow(AssignBuckets(plan.updates, plan.segments), routed_schema)
+            if operation is not SparkOperation.DELETE:  # a delete needs the keys only
+                assert prepared.rows is not None
+                whole = prepared.rows.drop(
+                    *[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns]
+                )
+                routed = whole.join(self._small(routed, self.metrics.input_rows), POSITION)
             written = (
-                tagged.mapInArrow(AssignBuckets(plan.updates, plan.segments), routed_schema)
-                .repartition(len(plan.routed), BUCKET)
+                routed.repartition(plan.write_tasks, BUCKET)
                 .groupBy(BUCKET)
                 .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
             )
@@ -425,30 +485,47 @@ class SparkWriter:
         return self._metadata(operation, stats, replaced, schema)
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _index(self, view: FileSystemView, ranges: dict[str | None, tuple[int, str, str]]) -> DataFrame:
-        """(key, partition, file id) of every record in the latest base files of ``view``, on executors."""
-        files = tuple(view.latest_base_files())
-        self.metrics.index_files = len(files)
-        if not files:
-            return self.spark.createDataFrame([], INDEX_SCHEMA)
-        pruned = self.spark.sparkContext.accumulator(0)
-        self._pruned = pruned
-        bounds = {p: (low, high) for p, (_, low, high) in ranges.items() if p is not None}
-        reader = ReadIndex(StorageSpec.of(self.table.storage), files, bounds, pruned)
-        return self.spark.range(0, len(files), 1, numPartitions=min(len(files), 4096)).mapInArrow(
-            reader, INDEX_SCHEMA
+    def _tag(
+        self, deduplicated: DataFrame, view: FileSystemView, partitions: int, by_key_only: bool
+    ) -> DataFrame:
+        """``deduplicated`` with ``FILE_ID``, tagged on executors (:class:`~.tasks.TagRows`).
+
+        Rows are range partitioned by (partition path, key) into at most one task per touched partition
+        (and no more tasks than deduplication used): each task reads the keys of the files of the few
+        partitions it holds, skipping files whose footer key range misses its keys; no index row is
+        shuffled. A large partition may span two tasks, which then both read its files.
+        """
+        files: dict[str, list[Any]] = {}
+        for base in view.latest_base_files():
+            files.setdefault(base.partition, []).append(base)
+        self.metrics.index_files = sum(len(f) for f in files.values())
+        context = self.spark.sparkContext
+        self._read, self._pruned = context.accumulator(0), context.accumulator(0)
+        tagger = TagRows(
+            StorageSpec.of(self.table.storage),
+            {p: tuple(f) for p, f in files.items()},
+            (*deduplicated.columns, FILE_ID),
+            by_key_only,
+            self._read,
+            self._pruned,
         )
+        tasks = max(1, min(deduplicated.rdd.getNumPartitions(), partitions or 1))
+        ranged = [RECORD_KEY] if by_key_only else [PARTITION_PATH, RECORD_KEY]
+        out = StructType([*deduplicated.schema, StructField(FILE_ID, StringType(), True)])
+        return deduplicated.repartitionByRange(tasks, *ranged).mapInArrow(tagger, out)
+
+    def _index_metrics(self) -> None:
+        if self._read is not None and self._pruned is not None:
+            self.metrics.index_files_read = self._read.value
+            self.metrics.index_files_pruned = self._pruned.value
+        self._read = self._pruned = None
 
     def _collect_stats(self, written: DataFrame, plan: SparkPlan) -> list[Any]:
-        rows = self._run(lambda: written.select(STAT).where(F.col(STAT).isNotNull()).collect())
+        rows = self._run("write", lambda: written.select(STAT).where(F.col(STAT).isNotNull()).collect())
         order = {b.write.new_path: b.task for b in plan.buckets.values()}
         stats = sorted((stat_from_json(r[0]) for r in rows), key=lambda s: order.get(s.path, -1))
         self.metrics.file_groups = len(stats)
         self.metrics.routed_file_groups = len(plan.routed)
-        pruned = getattr(self, "_pruned", None)
-        if pruned is not None:
-            self.metrics.index_files_pruned = pruned.value
-            self._pruned = None
         planned = {b.write.new_path for b in plan.buckets.values()}
         unplanned = [s.path for s in stats if s.path not in planned]
         if unplanned or len(stats) != len(planned):
@@ -467,33 +544,41 @@ class SparkWriter:
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
 
+    def _by_key(self, frame: DataFrame, input_tasks: int) -> DataFrame:
+        """Rows of one record key in one task: as many tasks as configured, else as the input has.
+
+        (Adaptive execution cannot merge small shuffle partitions of a persisted plan, and every Python
+        task has a fixed cost: the input's own partitioning is the best guess of its size.)
+        """
+        configured = self.config.get(keys.UPSERT_SHUFFLE_PARALLELISM)
+        return frame.repartition(configured if configured > 0 else input_tasks, *self.table.record_key_fields)
+
+    def _small(self, narrow: DataFrame, rows: int) -> DataFrame:
+        """``narrow`` hinted for a broadcast join when Spark would broadcast a table of its size.
+
+        Spark cannot know the size of a Python function's output and would shuffle (and sort) every
+        whole row to join them by position; narrow rows are a few dozen bytes.
+        """
+        limit = _bytes(self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10m")
+        return F.broadcast(narrow) if 0 <= rows * 64 <= limit else narrow
+
+    def _write_tasks(self) -> int:
+        """At most this many tasks write routed file groups: a few per core of the cluster."""
+        return max(1, 2 * self.spark.sparkContext.defaultParallelism)
+
     def _parallelism(self, key: keys.ConfigKey[int]) -> int:
         configured = self.config.get(key)
         if configured > 0:
             return configured
         return int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
 
-    def _route_keys(self, count: int) -> list[int]:
-        """Longs whose Spark hash partitioning puts the i-th into shuffle partition i of ``count``."""
-        candidates = 32 * count
-        found: dict[int, int] = {}
-        while len(found) < count:
-            rows = self._run(
-                lambda size=candidates: (  # type: ignore[misc]
-                    self.spark.range(0, size)
-                    .select(F.col("id"), F.expr(f"pmod(hash(id), {count})").alias("p"))
-                    .groupBy("p")
-                    .agg(F.min("id").alias("key"))
-                    .collect()
-                )
-            )
-            found = {r.p: r.key for r in rows}
-            candidates *= 4
-        return [found[p] for p in range(count)]
-
-    def _run(self, job: Callable[[], T]) -> T:
+    def _run(self, name: str, job: Callable[[], T]) -> T:
+        """Run one Spark job, its failure translated (see :func:`.errors.translate`)."""
+        started = time.monotonic()
         with _translated():
-            return job()
+            result = job()
+        log.debug("%s on %s: %.2f s", name, self.table.name, time.monotonic() - started)
+        return result
 
 
 class _LazySample:
@@ -515,6 +600,20 @@ class _LazySample:
     @property
     def num_rows(self) -> int:
         return int(self._get().num_rows)
+
+
+def _bytes(size: str) -> int:
+    """A Spark size setting ("10485760b", "10m", "-1") in bytes; -1 (disabled) stays -1."""
+    text = size.strip().lower().removesuffix("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(text[-1:], 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        return 10 << 20
+
+
+def _arrow_type(df: DataFrame, name: str) -> pa.DataType:
+    return to_arrow_schema(StructType([df.schema[name]]), timezone="UTC").field(name).type
 
 
 def _is_persisted(df: DataFrame) -> bool:

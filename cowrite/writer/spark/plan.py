@@ -15,15 +15,16 @@ where they are (*local* file groups: no shuffle); records that fill an existing 
 must be merged with its base file in one place, are *routed*: shuffled to the task of their file group.
 
 Routed file groups are told apart by their *route key*, the value of the ``BUCKET`` column. Keys are
-picked so that Spark's hash partitioning (``pmod(hash(key), n)``) sends the ``i``-th of ``n`` routed
-file groups to shuffle partition ``i``: one file group per write task, whatever the hash would have done
-to the numbers 0..n-1.
+picked so that Spark's hash partitioning (``pmod(hash(key), n)``) sends the ``i``-th routed file group
+to write task ``i mod n``: file groups are spread evenly, whatever the hash would have done to the numbers
+0, 1, ... (``n`` is at most a few times the cluster's cores: every Python task has a fixed cost, so
+a task writes several file groups when there are many).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ...timeline.commit_metadata import WriteStat
@@ -33,7 +34,51 @@ from ..local import _planned
 from ..planning import SizingPolicy, assign_inserts
 from .tasks import BucketWrite, Segments
 
-RouteKeys = Callable[[int], Sequence[int]]  # n -> route keys of shuffle partitions 0..n-1
+_MASK = 0xFFFFFFFF
+
+
+def _rotate(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
+
+
+def _mix_k1(k1: int) -> int:
+    return (_rotate((k1 * 0xCC9E2D51) & _MASK, 15) * 0x1B873593) & _MASK
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotate(h1 ^ k1, 13) * 5 + 0xE6546B64) & _MASK
+
+
+def spark_hash(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a LongType value (Murmur3 x86 32-bit, seed 42), a signed 32-bit int."""
+    unsigned = value & 0xFFFFFFFFFFFFFFFF
+    h1 = _mix_h1(_mix_h1(seed, _mix_k1(unsigned & _MASK)), _mix_k1(unsigned >> 32))
+    h1 ^= 8  # the length in bytes
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _MASK
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def route_keys(count: int, tasks: int | None = None) -> list[int]:
+    """``count`` distinct longs that ``repartition(tasks, col)`` sends to shuffle partitions
+    0, 1, ..., tasks - 1, 0, 1, ... in turn (``tasks`` defaults to ``count``: one each).
+
+    Spark's hash partitioning is ``pmod(hash(col), n)``; a test checks :func:`spark_hash` against Spark.
+    """
+    tasks = tasks or count
+    free: dict[int, list[int]] = {}
+    wanted = [i % tasks for i in range(count)]
+    need = {p: wanted.count(p) for p in set(wanted)}
+    candidate = 0
+    while any(len(free.get(p, [])) < n for p, n in need.items()):
+        place = spark_hash(candidate) % tasks
+        if len(free.setdefault(place, [])) < need.get(place, 0):
+            free[place].append(candidate)
+        candidate += 1
+    return [free[p].pop(0) for p in wanted]
 
 
 @dataclass(frozen=True)
@@ -54,6 +99,7 @@ class SparkPlan:
     updates: dict[tuple[str, str], int] = field(default_factory=dict)  # (partition, file id) -> route key
     segments: dict[tuple[int, str], Segments] = field(default_factory=dict)  # (task, partition) -> ...
     local: frozenset[int] = frozenset()  # route keys of file groups written where their rows are
+    write_tasks: int = 0  # shuffle partitions that write the routed file groups
 
     @property
     def routed(self) -> list[int]:
@@ -87,12 +133,13 @@ class _Builder:
 
     def finish(
         self,
-        route_keys: RouteKeys,
+        max_tasks: int,
         updates: dict[tuple[str, str], int],
-        segments: dict[tuple[int, str], list],
+        segments: dict[tuple[int, str], list[tuple[int, int]]],
     ) -> SparkPlan:
         routed = [n for n in range(len(self.writes)) if n not in self.local]
-        keys = dict(zip(routed, route_keys(len(routed)), strict=True))
+        tasks = max(1, min(len(routed), max_tasks))
+        keys = dict(zip(routed, route_keys(len(routed), tasks), strict=True))
         keys.update({n: -(n + 1) for n in self.local})  # never shuffled: any key of their own
         return SparkPlan(
             buckets={keys[n]: BucketWrite(w, n) for n, w in enumerate(self.writes)},
@@ -102,6 +149,7 @@ class _Builder:
                 for where, parts in segments.items()
             },
             local=frozenset(keys[n] for n in self.local),
+            write_tasks=tasks if routed else 0,
         )
 
 
@@ -137,7 +185,7 @@ def plan_merge(
     view: FileSystemView,
     sizing: SizingPolicy,
     merge: bool,
-    route_keys: RouteKeys,
+    max_tasks: int,
 ) -> SparkPlan:
     """Upsert, delete, insert_overwrite: every touched file group and every new record is routed.
 
@@ -162,7 +210,7 @@ def plan_merge(
         for task, rows in tasks:
             segments[(task, partition)], _ = _slice(ranges, offset, offset + rows)
             offset += rows
-    return builder.finish(route_keys, updates, segments)
+    return builder.finish(max_tasks, updates, segments)
 
 
 def plan_append(
@@ -171,7 +219,7 @@ def plan_append(
     view: FileSystemView,
     sizing: SizingPolicy,
     fill_small_files: bool,
-    route_keys: RouteKeys,
+    max_tasks: int,
 ) -> SparkPlan:
     """Insert, bulk_insert: new records fill small file groups first (routed), the rest stays local.
 
@@ -201,4 +249,4 @@ def plan_append(
                 parts.append((end, builder.add(partition, file_id, None, local=True)))
             segments[(task, partition)] = parts
             offset += rows
-    return builder.finish(route_keys, {}, segments)
+    return builder.finish(max_tasks, {}, segments)

@@ -13,7 +13,9 @@ Columns of our own that travel between the stages of one write (never written to
 
 ============  ==================================================================================
 ``POSITION``  the row's place in the input DataFrame (``monotonically_increasing_id``): "a tie goes
-              to the later row" must hold across a shuffle
+              to the later row" must hold across a shuffle, and the narrow rows that decide find
+              their whole row again by it
+``FILE_ID``   the file group that holds the row's key (the index's answer; null for a new key)
 ``BUCKET``    the route key of the file group a row goes to (see :mod:`.plan`)
 ``STAT``      a write stat as JSON, on the rows that report a written base file
 ============  ==================================================================================
@@ -43,14 +45,14 @@ from ...timeline.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, hear
 from ...timeline.storage import Storage
 from ...timeline.table import Table
 from ..file_group import FileGroupWrite, write_file_group
-from ..planning import FILE_ID, index_keys
-from ..records import PARTITION_PATH, RECORD_KEY, latest_per_key, partition_paths, record_keys
+from ..planning import FILE_ID, index_keys, tag_locations
+from ..records import COMMIT_TIME, PARTITION_PATH, RECORD_KEY, latest_per_key, partition_paths, record_keys
 from .errors import NondeterministicInputError
+from .filters import Predicate, arrow_filter
 
 POSITION = "__cowrite_position"
 BUCKET = "__cowrite_bucket"
 STAT = "__cowrite_stat"
-HELPER_COLUMNS = (POSITION, BUCKET, STAT, FILE_ID)
 
 
 # -- storage and table on an executor ---------------------------------------------------------------------
@@ -155,7 +157,25 @@ def renew_lease(storage: Storage, instant: str, policy: HeartbeatPolicy, owner: 
     Heartbeat(storage, instant, policy, owner).renew()
 
 
-def _rows_by(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
+CHUNK_ROWS = 131_072  # Spark hands Python 10,000-row batches; fewer, larger steps cost less per row
+
+
+def chunks(batches: Iterable[pa.RecordBatch], rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """The batches regrouped into tables of at least ``rows`` rows (the last may be smaller); no copies."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows:
+            pending.append(batch)
+            count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def rows_by(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
     """(value, rows with that value) for each distinct value of ``column``, rows in their order."""
     values = table.column(column)
     if table.num_rows == 0:
@@ -169,7 +189,7 @@ def _rows_by(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
         yield value, table.take(rows.values)
 
 
-def _stat_json(stat: WriteStat) -> str:
+def stat_to_json(stat: WriteStat) -> str:
     return json.dumps(dataclasses.asdict(stat), sort_keys=True)
 
 
@@ -180,7 +200,7 @@ def stat_from_json(text: str) -> WriteStat:
 def _only_stats(schema: pa.Schema, stats: Sequence[WriteStat]) -> pa.RecordBatch:
     """Rows of ``schema`` that carry nothing but write stats."""
     columns = [
-        pa.array([_stat_json(s) for s in stats], pa.string())
+        pa.array([stat_to_json(s) for s in stats], pa.string())
         if f.name == STAT
         else pa.nulls(len(stats), f.type)
         for f in schema
@@ -193,7 +213,8 @@ def _only_stats(schema: pa.Schema, stats: Sequence[WriteStat]) -> pa.RecordBatch
 class Deduplicate:
     """One row per record key in a shuffle partition that holds every row of its keys.
 
-    Input: the DataFrame's columns plus ``POSITION``; output: the columns plus key and partition path.
+    Input: key, partition and ordering columns plus ``POSITION``; output: the same plus key and
+    partition path (the position stays: it finds the whole row again).
     """
 
     spec: TableSpec
@@ -205,7 +226,7 @@ class Deduplicate:
         if not collected:
             return
         table = pa.concat_tables(collected).sort_by(POSITION)  # input order: ties go to the later row
-        stamped = stamp(table.drop_columns([POSITION]), self.spec, self.with_paths)
+        stamped = stamp(table, self.spec, self.with_paths)
         yield from latest_per_key(stamped, stamped.column(RECORD_KEY), self.ordering).to_batches()
 
 
@@ -230,87 +251,65 @@ def footer_key_range(metadata: pq.FileMetaData) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
-class ReadIndex:
-    """(record key, partition path, file id) of the latest base files, one file per input id.
+class TagRows:
+    """Adds ``FILE_ID`` to a task's deduplicated rows: the file group that holds each key, null if none.
 
-    A file whose footer key range misses the incoming keys of its partition is skipped without reading
-    its keys (its footer is all that is read); ``pruned`` counts those files.
+    The index is the local engine's (``index_keys`` over the latest base files of the row's partition,
+    then ``tag_locations``), built inside the task for the keys the task holds: rows arrive range
+    partitioned by (partition path, key), so a task sees a few partitions, and a base file whose footer
+    key range misses the task's keys of its partition is skipped after reading its footer alone. Keys
+    are read one file at a time and only the matches are kept: memory stays at one file's keys. No
+    index row crosses a shuffle.
+
+    ``by_key_only`` (deletes without partition columns): every partition's files are candidates, the
+    key alone decides, as in the local engine.
     """
 
     storage: StorageSpec
-    files: tuple[BaseFile, ...]
-    ranges: Mapping[str, tuple[str, str]]  # partition path -> incoming (min key, max key)
-    pruned: Any = None  # a Spark accumulator
+    files: Mapping[str, tuple[BaseFile, ...]]  # partition path -> its latest base files
+    columns: tuple[str, ...]  # output columns, in order (the input's plus FILE_ID)
+    by_key_only: bool = False
+    read: Any = None  # Spark accumulators: files whose keys were read, files skipped by footer
+    pruned: Any = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        collected = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        if not collected:
+            return
+        table = pa.concat_tables(collected)
         storage = self.storage.open()
-        for batch in batches:
-            for number in batch.column(0).to_pylist():
-                base = self.files[number]
-                wanted = self.ranges.get(base.partition)
-                if wanted is not None:
-                    with storage.open_input(base.path) as stream:
-                        bounds = footer_key_range(pq.ParquetFile(stream).metadata)
-                    if bounds is not None and (bounds[1] < wanted[0] or bounds[0] > wanted[1]):
-                        if self.pruned is not None:
-                            self.pruned.add(1)
-                        continue
-                yield from index_keys(storage, [base]).to_batches()
+        if self.by_key_only:
+            candidates = [f for files in self.files.values() for f in files]
+            index = self._matches(storage, candidates, table.column(RECORD_KEY))
+            incoming = table.drop_columns([PARTITION_PATH]).join(
+                index.select([RECORD_KEY, PARTITION_PATH]), keys=RECORD_KEY, join_type="inner"
+            )
+            yield from tag_locations(incoming, index).select(list(self.columns)).to_batches()
+            return
+        for partition, rows in rows_by(table, PARTITION_PATH):
+            index = self._matches(storage, self.files.get(partition, ()), rows.column(RECORD_KEY))
+            yield from tag_locations(rows, index).select(list(self.columns)).to_batches()
 
-
-INDEX_SCHEMA = f"{RECORD_KEY} string, {PARTITION_PATH} string, {FILE_ID} string"
+    def _matches(self, storage: Storage, files: Iterable[BaseFile], keys: pa.ChunkedArray) -> pa.Table:
+        """Index rows of ``files`` whose key is among ``keys``."""
+        low, high = pc.min(keys).as_py(), pc.max(keys).as_py()
+        wanted = keys.combine_chunks()
+        found = [index_keys(storage, [])]
+        for base in files:
+            with storage.open_input(base.path) as stream:
+                bounds = footer_key_range(pq.ParquetFile(stream).metadata)
+            if bounds is not None and (bounds[1] < low or bounds[0] > high):
+                if self.pruned is not None:
+                    self.pruned.add(1)
+                continue
+            if self.read is not None:
+                self.read.add(1)
+            keys_of_file = index_keys(storage, [base])
+            found.append(keys_of_file.filter(pc.is_in(keys_of_file.column(RECORD_KEY), value_set=wanted)))
+        return pa.concat_tables(found)
 
 
 # -- counting and bucket assignment ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CountRows:
-    """Rows per (task, partition path, file id) — file id null for new records — of this task's input.
-
-    ``stamp_input``: the input holds the raw key and partition columns (inserts), so the keys are
-    computed here, which is where null keys are found — before the transaction begins.
-    """
-
-    spec: TableSpec
-    stamp_input: bool
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task = task_id()
-        counts: Counter[tuple[str, str | None]] = Counter()
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            if self.stamp_input:
-                table = stamp(table, self.spec)
-            file_ids = (
-                table.column(FILE_ID)
-                if FILE_ID in table.column_names
-                else pa.chunked_array([pa.nulls(table.num_rows, pa.string())])
-            )
-            grouped = pa.table({"p": table.column(PARTITION_PATH), "f": file_ids}).group_by(
-                ["p", "f"], use_threads=False
-            )
-            found = grouped.aggregate([([], "count_all")])
-            for p, f, n in zip(
-                found.column("p").to_pylist(),
-                found.column("f").to_pylist(),
-                found.column("count_all").to_pylist(),
-                strict=True,
-            ):
-                counts[(p, f)] += n
-        if counts:
-            items = sorted(counts.items(), key=lambda item: (item[0][0], item[0][1] or ""))
-            yield pa.record_batch(
-                {
-                    "task": pa.array([task] * len(items), pa.int64()),
-                    "partition": pa.array([p for (p, _), _ in items], pa.string()),
-                    "file_id": pa.array([f for (_, f), _ in items], pa.string()),
-                    "rows": pa.array([n for _, n in items], pa.int64()),
-                }
-            )
-
-
-COUNT_SCHEMA = "task long, partition string, file_id string, rows long"
-
-
 @dataclass(frozen=True)
 class Segments:
     """Where one task's new records of one partition go, in the order the task sees them.
@@ -370,8 +369,7 @@ class AssignBuckets:
                 BUCKET: pa.array(list(self.updates.values()), pa.int64()),
             }
         )
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
+        for table in chunks(batches):
             columns = [c for c in table.column_names if c != FILE_ID] + [BUCKET]
             known = pc.is_valid(table.column(FILE_ID))
             updates = table.filter(known)
@@ -381,7 +379,7 @@ class AssignBuckets:
                     raise AssertionError("a tagged file group is missing from the plan")
                 yield from routed.select(columns).to_batches()
             new = table.filter(pc.invert(known))
-            for partition, rows in _rows_by(new, PARTITION_PATH):
+            for partition, rows in rows_by(new, PARTITION_PATH):
                 routes = pa.array(inserts.route(partition, rows.num_rows), pa.int64())
                 yield from rows.append_column(BUCKET, routes).select(columns).to_batches()
         inserts.check_complete()
@@ -452,7 +450,7 @@ class WriteGroup:
         if table.num_rows:
             route = table.column(BUCKET)[0].as_py()
             storage = self.context.spec.storage.open()
-            stats.append(_stat_json(self.context.write(storage, route, table)))
+            stats.append(stat_to_json(self.context.write(storage, route, table)))
         return pa.table({STAT: pa.array(stats, pa.string())})
 
 
@@ -482,13 +480,14 @@ class WriteInserts:
         }
         pending: dict[int, list[pa.Table]] = {}
         filled: Counter[int] = Counter()
-        for batch in batches:
-            table = stamp(pa.Table.from_batches([batch]), self.context.spec)
+        for chunk in chunks(batches):
+            table = stamp(chunk, self.context.spec)
             output = pa.schema([*table.schema, pa.field(BUCKET, pa.int64()), pa.field(STAT, pa.string())])
-            for partition, rows in _rows_by(table, PARTITION_PATH):
+            for partition, rows in rows_by(table, PARTITION_PATH):
                 routes = inserts.route(partition, rows.num_rows)
-                for route in np.unique(routes).tolist():
-                    part = rows.filter(pa.array(routes == route))
+                distinct = np.unique(routes).tolist()
+                for route in distinct:
+                    part = rows if len(distinct) == 1 else rows.filter(pa.array(routes == route))
                     if route not in self.local:
                         yield from _routed(part, route, output)
                         continue
@@ -520,31 +519,34 @@ def _sizes(plan: Segments) -> dict[int, int]:
 class ReadFiles:
     """Rows of base files, one file per input id, conformed to one schema (the reader's).
 
-    ``commit_times``: keep only rows written by these commits (incremental reads).
+    ``commit_times``: keep only rows written by these commits (incremental reads); ``rules``: keep only
+    rows that satisfy these filters.
     """
 
     storage: StorageSpec
     files: tuple[str, ...]
     schema: pa.Schema
     commit_times: tuple[str, ...] | None = None
+    rules: tuple[Predicate, ...] = ()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             yield from self.read(int(n) for n in batch.column(0).to_pylist())
 
     def read(self, numbers: Iterable[int]) -> Iterator[pa.RecordBatch]:
-        from ..file_group import read_base_file
-        from ..records import COMMIT_TIME
-
         storage = self.storage.open()
-        wanted = self.commit_times
+        wanted = pa.array(self.commit_times, pa.string()) if self.commit_times is not None else None
+        needed = [*self.schema.names, *(r.column for r in self.rules)]
+        if wanted is not None:
+            needed.append(COMMIT_TIME)
         for number in numbers:
-            table = read_base_file(storage, self.files[number])
+            with storage.open_input(self.files[number]) as stream:
+                parquet = pq.ParquetFile(stream)
+                present = set(parquet.schema_arrow.names)
+                table = parquet.read(columns=[c for c in dict.fromkeys(needed) if c in present])
             if wanted is not None:
-                table = table.filter(
-                    pc.is_in(table.column(COMMIT_TIME), value_set=pa.array(wanted, pa.string()))
-                )
-            yield from conform(table, self.schema).to_batches()
+                table = table.filter(pc.is_in(table.column(COMMIT_TIME), value_set=wanted))
+            yield from conform(arrow_filter(table, self.rules), self.schema).to_batches()
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

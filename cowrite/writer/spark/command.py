@@ -1,0 +1,79 @@
+"""``cowrite write --engine spark``: the CLI's write through a SparkSession.
+
+Parquet inputs are read by Spark itself (a directory of parquet files never passes through the driver);
+CSV and JSON Lines go through the CLI's own reader so that their column types are inferred exactly as
+for ``--engine local``. Settings whose name starts with ``spark.`` configure the session this command
+creates (``-o spark.driver.memory=2g``); an already active session (a caller that made one) is used
+as it is and left running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from ...timeline.errors import SchemaError
+from ...timeline.instant import Instant
+from ...timeline.table import Table
+from ...timeline.transaction import WriteOptions
+from .engine import SparkWriter
+
+ReadInput = Callable[[str, str | None], pa.Table]
+
+
+def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, bool]:
+    """The active session, or a new one for ``master`` (True: this call created it)."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    if master.startswith("local"):
+        # executors are children of this machine: the same Python, and no public interface to bind
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master).appName("cowrite write")
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    for name, value in settings.items():
+        if name.startswith("spark."):
+            builder = builder.config(name, value)
+    return builder.getOrCreate(), True
+
+
+def input_frame(spark: SparkSession, path: str, input_format: str | None, read_input: ReadInput) -> DataFrame:
+    source = Path(path)
+    if not source.exists():
+        raise SchemaError(f"input {path} does not exist")
+    files = (
+        sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        if source.is_dir()
+        else [source]
+    )
+    if files and (
+        input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files))
+    ):
+        return spark.read.parquet(*(str(f) for f in files))
+    return spark.createDataFrame(read_input(path, input_format))
+
+
+def write(
+    table: Table,
+    options: WriteOptions,
+    input_path: str,
+    input_format: str | None,
+    operation: str,
+    master: str,
+    read_input: ReadInput,
+) -> tuple[Instant, int]:
+    """Write the input as one instant with the Spark engine; returns the instant and the records written."""
+    spark, created = session(master, options.config.raw())
+    try:
+        writer = SparkWriter(table, spark, options, source=input_path)
+        instant = writer.write(input_frame(spark, input_path, input_format, read_input), operation)
+        return instant, writer.metrics.input_rows
+    finally:
+        if created:
+            spark.stop()

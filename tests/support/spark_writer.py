@@ -1,0 +1,114 @@
+"""A Spark application that writes a table with ``cowrite write --engine spark``, for the multi-process tests.
+
+Run it from ``tests/`` as ``python -m support.spark_writer --name NAME --peers N --barrier-dir DIR
+--result FILE --round '["write", URI, "--input", ...]' [--round ...]``. Each process is a Spark application
+of its own: one SparkSession (``local[1]``), started first, which every ``cowrite`` command then uses (an
+active session is used as it is and left running). Each ``--round`` is one ``cowrite`` command line (a
+JSON list), run through :mod:`cowrite.cli` in this process, so its exit code is the CLI's: 0 committed,
+3 write conflict, and so on.
+
+**Overlap on purpose.** Before a round's commit (entry of ``Transaction.commit``, after every base file
+is written) the process waits at a barrier until all ``--peers`` processes reached the commit of the same
+round: every two writes of a round have both begun before either commits, so when they touch the same
+file group one of them must lose. The hook wraps cowrite's function in this process only.
+
+``--result`` receives JSON: per round the exit code and the instant the round began.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cowrite.cli import cli
+from cowrite.timeline.instant import Instant
+from cowrite.timeline.transaction import Transaction
+
+
+def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, timeout: float) -> None:
+    (directory / f"round-{round_number}-{name}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(directory.glob(f"round-{round_number}-*"))) < peers:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"spark_writer {name}: peers did not reach round {round_number} in {timeout} s")
+        time.sleep(0.02)
+
+
+def install_barrier(directory: Path, name: str, peers: int, timeout: float, began: list[str]) -> None:
+    original_begin = Transaction._begin
+    original_commit = Transaction.commit
+    commits = [0]
+
+    def _begin(self: Transaction) -> None:
+        original_begin(self)
+        began.append(self.instant_time)
+
+    def commit(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
+        wait_for_peers(directory, commits[0], name, peers, timeout)
+        commits[0] += 1
+        return original_commit(self, metadata, *args, **kwargs)
+
+    Transaction._begin = _begin  # type: ignore[method-assign]
+    Transaction.commit = commit  # type: ignore[method-assign]
+
+
+def start_spark() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("cowrite-spark-writer")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.default.parallelism", "1")
+        .config("spark.driver.memory", "512m")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_command(arguments: list[str]) -> int:
+    try:
+        cli.main(args=arguments, prog_name="cowrite", standalone_mode=True)
+    except SystemExit as exit_:
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spark_writer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--peers", type=int, default=1)
+    parser.add_argument("--barrier-dir", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--round", action="append", default=[], help="a cowrite command line as JSON")
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    began: list[str] = []
+    install_barrier(args.barrier_dir, args.name, args.peers, args.timeout, began)
+    spark = start_spark()
+    codes = []
+    try:
+        for command in args.round:
+            began_before = len(began)
+            code = run_command(json.loads(command))
+            codes.append(
+                {"exit": code, "instant": began[began_before] if len(began) > began_before else None}
+            )
+    finally:
+        spark.stop()
+    args.result.write_text(json.dumps({"name": args.name, "rounds": codes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""The Spark engine: every operation against the local engine's exact results, read back with hudi-rs.
+
+Each scenario runs the same batches through :class:`LocalWriter` and :class:`SparkWriter` (the Spark
+input is the local input as a DataFrame, so both engines see the same Arrow types) and compares the
+row sets after every write, then time travel and incremental reads over the whole history, with cowrite's
+readers and with hudi-rs. One SparkSession (local[2]) serves the whole run (the ``spark`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from support import hudi_rs
+from support.hudi_rs import Row, rows
+from support.servers import S3Server
+
+from cowrite.cli import cli
+from cowrite.timeline.errors import LeaseLostError, SchemaError, StorageError
+from cowrite.timeline.fs_view import FileSystemView, list_base_files
+from cowrite.timeline.heartbeat import abort_reason
+from cowrite.timeline.instant import Action, Instant, State
+from cowrite.timeline.table import Table
+from cowrite.timeline.transaction import WriteOptions
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+from cowrite.writer.planning import SizingPolicy, assign_inserts, estimate_record_bytes
+from cowrite.writer.spark import SparkJobError, SparkWriter
+from cowrite.writer.spark.errors import translate
+from cowrite.writer.spark.plan import route_keys, spark_hash
+
+IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
+
+
+def frame(*records: tuple[Any, ...]) -> pa.Table:
+    ids, ps, ts, vs = zip(*records, strict=True) if records else ((), (), (), ())
+    return pa.table({
+        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
+        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
+    })  # fmt: skip
+
+
+def keys_only(*ids: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64())})
+
+
+def create(uri: str, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> Table:
+    arguments: dict[str, Any] = {"name": "t", "record_key_fields": ["id"]}
+    return Table.create(uri, storage_options=storage_options, **{**arguments, **kwargs})
+
+
+def local_writer(table: Table) -> LocalWriter:
+    return LocalWriter(table, WriteOptions(config=table.config.with_values(IN_PROCESS)))
+
+
+def snapshot(table: Table, **kwargs: Any) -> list[Row]:
+    return rows(read.snapshot(table, **kwargs), kwargs.get("with_meta", False))
+
+
+def assert_hudi_rs_agrees(table: Table, storage_options: dict[str, Any] | None = None) -> None:
+    """hudi-rs and cowrite read the same rows (meta columns included) in every way, at every instant."""
+    uri, options = table.uri, storage_options
+    assert hudi_rs.snapshot(uri, options, with_meta=True) == rows(read.snapshot(table, with_meta=True), True)
+    timeline = table.timeline()
+    for instant in timeline:
+        mine = rows(read.snapshot(table, as_of=instant.requested_time, with_meta=True), True)
+        assert hudi_rs.as_of(uri, instant.requested_time, options, with_meta=True) == mine, instant
+    completions = [i.completion_time for i in timeline.data_commits().in_completion_order()]
+    for since, until in zip([None, *completions], completions, strict=False):
+        mine = rows(read.incremental(table, since, until, with_meta=True), True)
+        assert hudi_rs.incremental(uri, since, until, options, with_meta=True) == mine, (since, until)
+
+
+def history(table: Table) -> list[Instant]:
+    return list(table.timeline().data_commits().in_completion_order())
+
+
+def assert_same_history(spark_table: Table, local_table: Table) -> None:
+    """Same rows as of every instant and in every incremental step; same commit metadata shape."""
+    mine, theirs = history(spark_table), history(local_table)
+    assert [(i.action, i.state) for i in mine] == [(i.action, i.state) for i in theirs]
+    for a, b in zip(mine, theirs, strict=True):
+        assert snapshot(spark_table, as_of=a.requested_time) == snapshot(local_table, as_of=b.requested_time)
+        ma, mb = spark_table.commit_metadata(a), local_table.commit_metadata(b)
+        assert (ma.operation, ma.schema, sorted(ma.replaced_file_ids)) == (
+            mb.operation, mb.schema, sorted(mb.replaced_file_ids)
+        )  # fmt: skip
+        totals = [
+            tuple(sum(getattr(s, f) for s in m.write_stats) for f in ("num_writes", "num_inserts",
+                  "num_update_writes", "num_deletes"))
+            for m in (ma, mb)
+        ]  # fmt: skip
+        assert totals[0] == totals[1], a
+    for (s1, u1), (s2, u2) in zip(steps(mine), steps(theirs), strict=True):
+        assert rows(read.incremental(spark_table, s1, u1)) == rows(read.incremental(local_table, s2, u2))
+
+
+def steps(instants: Sequence[Instant]) -> list[tuple[str | None, str | None]]:
+    completions = [i.completion_time for i in instants]
+    return list(zip([None, *completions], completions, strict=False))
+
+
+def assert_stats_describe_files(table: Table) -> None:
+    sizes = {i.path: i.size for i in table.storage.walk_files() if i.path.endswith(".parquet")}
+    for instant in history(table):
+        for stat in table.commit_metadata(instant).write_stats:
+            assert stat.path in sizes and stat.file_size == sizes[stat.path], stat
+            assert stat.path.endswith(f"_{instant.requested_time}.parquet")
+            with table.storage.open_input(stat.path) as stream:
+                assert pq.ParquetFile(stream).metadata.num_rows == stat.num_writes
+
+
+BATCHES: list[tuple[str, pa.Table]] = [
+    ("insert", frame((1, "a", 1, "a1"), (2, "a", 1, "a2"), (3, "b", 1, "b3"), (4, "b", 1, "b4"),
+                     (5, "c", 1, "c5"))),
+    ("upsert", frame((1, "a", 2, "a1-v2"), (3, "b", 0, "stale"), (6, "c", 1, "c6"), (6, "c", 1, "c6-tie"),
+                     (7, "d", 3, "d7"), (7, "d", 2, "d7-smaller"))),
+    ("delete", keys_only(2, 99)),  # without partition columns: found by key in every partition
+    ("delete", frame((1, "b", 0, ""), (5, "c", 0, ""))),  # with them: only there (1 is not in b)
+    ("insert", frame((8, "a", 1, "a8"), (9, "e", 1, "e9"))),
+    ("insert_overwrite", frame((10, "d", 1, "d10"), (10, "d", 2, "d10-v2"))),
+    ("upsert", frame((8, "a", 1, "a8-tie"), (4, "b", 5, "b4-v5"))),
+]  # fmt: skip
+EXPECTED = rows(frame((1, "a", 2, "a1-v2"), (3, "b", 1, "b3"), (4, "b", 5, "b4-v5"), (6, "c", 1, "c6-tie"),
+                      (8, "a", 1, "a8-tie"), (9, "e", 1, "e9"), (10, "d", 2, "d10-v2")))  # fmt: skip
+
+
+def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
+    local_table, spark_table = (
+        create(str(tmp_path / "local"), **options),
+        create(str(tmp_path / "spark"), **options),
+    )
+    local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
+    for operation, batch in BATCHES:
+        local.write(batch, operation)
+        instant = engine.write(spark.createDataFrame(batch), operation)
+        assert instant.is_completed
+        assert snapshot(spark_table) == snapshot(local_table), operation
+    assert snapshot(spark_table) == EXPECTED
+    assert hudi_rs.snapshot(spark_table.uri) == EXPECTED
+    assert_same_history(spark_table, local_table)
+    assert_stats_describe_files(spark_table)
+    assert_hudi_rs_agrees(spark_table)
+    # meta columns as the local engine writes them: commit times of copied rows kept, files named
+    by_key = {r["_hoodie_record_key"]: r for r in snapshot(spark_table, with_meta=True)}
+    latest = {b.name for b in FileSystemView.build(spark_table).latest_base_files()}
+    assert {r["_hoodie_file_name"] for r in by_key.values()} == latest
+    first = history(spark_table)[0].requested_time
+    assert by_key["3"]["_hoodie_commit_time"] == first  # the stale update lost: b3 is copied unchanged
+    assert all(r["_hoodie_commit_seqno"].startswith(r["_hoodie_commit_time"] + "_") for r in by_key.values())
+
+
+def test_composite_keys_and_several_hive_style_partition_fields(spark: Any, tmp_path: Path) -> None:
+    import datetime as dt
+
+    options = {"record_key_fields": ["id", "v"], "partition_fields": ["p", "day"], "ordering_fields": ["ts"],
+               "hive_style_partitioning": True}  # fmt: skip
+    local_table, spark_table = (
+        create(str(tmp_path / "local"), **options),
+        create(str(tmp_path / "spark"), **options),
+    )
+    day = [dt.date(2026, 1, 2), dt.date(2026, 1, 3)]
+
+    def batch(*records: tuple[Any, ...]) -> pa.Table:
+        ids, vs, ps, days, ts = zip(*records, strict=True)
+        return pa.table({
+            "id": pa.array(ids, pa.int64()), "v": pa.array(vs, pa.string()), "p": pa.array(ps, pa.string()),
+            "day": pa.array([day[d] for d in days], pa.date32()), "ts": pa.array(ts, pa.int64()),
+        })  # fmt: skip
+
+    steps = [
+        (
+            "insert",
+            batch((1, "x", "eu", 0, 1), (1, "y", "eu", 0, 1), (2, "x", None, 1, 1), (3, "x", "us", 1, 1)),
+        ),
+        ("upsert", batch((1, "y", "eu", 0, 5), (2, "x", None, 1, 0), (4, "z", "us", 1, 1))),
+        ("delete", batch((3, "x", "us", 1, 0))),
+    ]
+    local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
+    for operation, data in steps:
+        local.write(data, operation)
+        engine.write(spark.createDataFrame(data), operation)
+        assert _keyed(spark_table) == _keyed(local_table), operation
+    paths = {r["_hoodie_partition_path"] for r in snapshot(spark_table, with_meta=True)}
+    assert paths == {
+        "p=eu/day=2026-01-02",
+        "p=__HIVE_DEFAULT_PARTITION__/day=2026-01-03",
+        "p=us/day=2026-01-03",
+    }
+    assert {r["_hoodie_record_key"] for r in snapshot(spark_table, with_meta=True)} == {
+        "id:1,v:x", "id:1,v:y", "id:2,v:x", "id:4,v:z"
+    }  # fmt: skip
+    assert_hudi_rs_agrees(spark_table)
+
+
+def _keyed(table: Table) -> list[Row]:
+    """Rows with the meta columns two tables share (record key, partition path): not the instants."""
+    varying = ["_hoodie_commit_time", "_hoodie_commit_seqno", "_hoodie_file_name"]
+    return rows(read.snapshot(table, with_meta=True).drop_columns(varying), True)
+
+
+def test_bulk_insert_writes_new_file_groups_sorted_by_partition(spark: Any, tmp_path: Path) -> None:
+    table = create(str(tmp_path / "t"), partition_fields=["p"])
+    settings = {"hoodie.bulkinsert.shuffle.parallelism": "1"}  # one sort task: one file per partition
+    engine = SparkWriter(table, spark, WriteOptions(config=table.config.with_values(settings)))
+    engine.insert(spark.createDataFrame(frame((0, "a", 1, "small"))))
+    small = {b.path for b in list_base_files(table)}
+    batch = frame(*((i, "abc"[i % 3], 1, f"v{i}") for i in range(1, 31)))
+    instant = engine.bulk_insert(spark.createDataFrame(batch).repartition(3))
+    assert table.commit_metadata(instant).operation == "bulk_insert"
+    assert snapshot(table) == rows(pa.concat_tables([frame((0, "a", 1, "small")), batch]))
+    # no small file filling: the first file stays as it was, every file of the bulk insert is new
+    stats = table.commit_metadata(instant).write_stats
+    assert all(s.prev_commit == "null" and s.num_inserts == s.num_writes for s in stats)
+    assert small <= {b.path for b in FileSystemView.build(table).latest_base_files()}
+    # sorted by partition, the rows of each partition come together: one new file each
+    assert sorted(s.partition_path for s in stats) == ["a", "b", "c"]
+    assert_hudi_rs_agrees(table)
+
+
+# -- the index ---------------------------------------------------------------------------------------------
+def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
+    spark: Any, tmp_path: Path
+) -> None:
+    options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
+    local_table, spark_table = (
+        create(str(tmp_path / "local"), **options),
+        create(str(tmp_path / "spark"), **options),
+    )
+    # string keys, written in key order by one task: every file group holds one contiguous key range
+    batch = pa.table({
+        "id": [f"k{i:03d}" for i in range(40)], "p": ["x"] * 20 + ["y"] * 20,
+        "ts": pa.array([1] * 40, pa.int64()), "v": [f"v{i}" for i in range(40)],
+    })  # fmt: skip
+    settings = {"hoodie.parquet.max.file.size": "80"}  # about 5 of these records per file
+    local = LocalWriter(
+        local_table, WriteOptions(config=local_table.config.with_values({**IN_PROCESS, **settings}))
+    )
+    engine = SparkWriter(spark_table, spark, WriteOptions(config=spark_table.config.with_values(settings)))
+    local.insert(batch)
+    engine.insert(spark.createDataFrame(batch).coalesce(1))
+    keys_of = {
+        (b.partition, b.file_id): set(read_file(spark_table, b.path).column("_hoodie_record_key").to_pylist())
+        for b in FileSystemView.build(spark_table).latest_base_files()
+    }
+    assert len(keys_of) >= 6  # several file groups per partition
+
+    upsert = pa.table({
+        "id": ["k001", "k018", "k025", "k039", "k100"], "p": ["x", "x", "y", "y", "y"],
+        "ts": pa.array([2, 2, 0, 2, 1], pa.int64()), "v": ["new1", "new18", "stale25", "new39", "new100"],
+    })  # fmt: skip
+    local.upsert(upsert)
+    instant = engine.upsert(spark.createDataFrame(upsert))
+    assert snapshot(spark_table) == snapshot(local_table)
+    # each updated key's file group got a new slice; no other group was touched
+    stats = spark_table.commit_metadata(instant).write_stats
+    touched = {(s.partition_path, s.file_id) for s in stats if s.prev_commit != "null"}
+    holding = {group for group, found in keys_of.items() if found & {"k001", "k018", "k025", "k039"}}
+    assert touched == holding and len(touched) >= 3
+    # the stale update lost to the stored record: its file group is rewritten with the old row
+    assert sum(s.num_update_writes for s in stats) == 3 and sum(s.num_inserts for s in stats) == 1
+    # keys k001..k039 sit in the x and y files; a batch within one file's range reads one file's keys
+    pruned_batch = pa.table({"id": ["k001"], "p": ["x"], "ts": pa.array([3], pa.int64()), "v": ["again"]})
+    engine.upsert(spark.createDataFrame(pruned_batch))
+    files_in_x = [b for b in FileSystemView.build(spark_table).latest_base_files() if b.partition == "x"]
+    assert engine.metrics.index_files == len(files_in_x) > 1
+    assert engine.metrics.index_files_pruned == len(files_in_x) - 1
+    assert_hudi_rs_agrees(spark_table)
+
+
+def read_file(table: Table, path: str) -> pa.Table:
+    with table.storage.open_input(path) as stream:
+        return pq.read_table(stream)
+
+
+# -- file sizing -------------------------------------------------------------------------------------------
+def numbered(start: int, count: int) -> pa.Table:
+    return frame(*((i, "p", 1, f"value-{i:06d}") for i in range(start, start + count)))
+
+
+def group_sizes(table: Table) -> list[int]:
+    return sorted(
+        pq.read_metadata(str(Path(table.uri) / b.path)).num_rows
+        for b in FileSystemView.build(table).latest_base_files()
+    )
+
+
+def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
+    spark: Any, tmp_path: Path
+) -> None:
+    probe = create(str(tmp_path / "probe"))
+    local_writer(probe).insert(numbered(0, 10))
+    (base,) = list_base_files(probe)
+    target = 2 * base.size + base.size // 20  # room for 10 more records of the first file's size, then 20
+    properties = {"hoodie.parquet.max.file.size": str(target), "hoodie.parquet.small.file.limit": str(target)}
+    local_table = create(str(tmp_path / "local"), properties=properties)
+    spark_table = create(str(tmp_path / "spark"), properties=properties)
+    local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
+    for start, count in ((0, 10), (10, 25)):
+        local.insert(numbered(start, count))
+        engine.insert(spark.createDataFrame(numbered(start, count)).coalesce(1))  # one task: one order
+    assert group_sizes(spark_table) == group_sizes(local_table) == [15, 20]
+    assert snapshot(spark_table) == snapshot(local_table)
+    assert engine.metrics.routed_file_groups == 1  # the small file group; the new one stayed local
+    # several tasks: small file groups are filled first, as assign_inserts decides for this table (file
+    # ids are random, so which file the size estimate comes from differs between two tables); the rest
+    # goes to new file groups that each task opens for its own records, none over the target
+    view = FileSystemView.build(spark_table)
+    record_bytes = estimate_record_bytes(view, spark_table.storage, numbered(35, 40), [""])
+    sizing = SizingPolicy(target, target, record_bytes)
+    rows_of = {
+        b.file_id: pq.read_metadata(str(Path(spark_table.uri) / b.path)).num_rows
+        for b in list_base_files(spark_table)
+    }
+    decided = sorted(
+        rows_of[f] + n for f, base, n in assign_inserts("", 40, view, sizing) if base is not None
+    )
+    local.insert(numbered(35, 40))
+    second = engine.insert(spark.createDataFrame(numbered(35, 40)).repartition(2))
+    stats = spark_table.commit_metadata(second).write_stats
+    assert decided and sorted(s.num_writes for s in stats if s.prev_commit != "null") == decided
+    assert sum(s.num_inserts for s in stats) == 40
+    assert all(s.num_writes <= sizing.records_per_file for s in stats if s.prev_commit == "null")
+    assert snapshot(spark_table) == snapshot(local_table) == rows(numbered(0, 75))
+    assert_hudi_rs_agrees(spark_table)
+
+
+# -- failures ----------------------------------------------------------------------------------------------
+def test_input_errors_are_the_local_engines_and_come_before_anything_is_written(
+    spark: Any, tmp_path: Path
+) -> None:
+    options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
+    local_table, spark_table = (
+        create(str(tmp_path / "local"), **options),
+        create(str(tmp_path / "spark"), **options),
+    )
+    cases = [
+        ("insert", frame((1, "a", 1, "x")).drop_columns(["id"])),
+        ("insert", frame((1, "a", 1, "x")).drop_columns(["p"])),
+        ("upsert", frame((1, "a", 1, "x")).drop_columns(["ts"])),
+        ("upsert", pa.table({"id": pa.array([1, None], pa.int64()), "p": ["a", "a"],
+                             "ts": pa.array([1, 1], pa.int64())})),
+        ("insert", pa.table({"id": [1], "p": ["metadata"], "ts": pa.array([1], pa.int64())})),
+    ]  # fmt: skip
+    for operation, batch in cases:
+        with pytest.raises(SchemaError) as expected:
+            local_writer(local_table).write(batch, operation)
+        with pytest.raises(SchemaError) as found:
+            SparkWriter(spark_table, spark).write(spark.createDataFrame(batch), operation)
+        assert str(found.value) == str(expected.value)
+    assert list(spark_table.timeline()) == [] and list_base_files(spark_table) == []
+
+
+def test_a_failed_executor_write_aborts_and_leaves_nothing_visible(spark: Any, tmp_path: Path) -> None:
+    table = create(str(tmp_path / "t"), partition_fields=["p"])
+    engine = SparkWriter(table, spark)
+    engine.insert(spark.createDataFrame(frame((1, "a", 1, "a1"))))
+    (Path(table.uri) / "zz").write_text("a file where partition zz's directory would go")
+    with pytest.raises(StorageError):
+        engine.upsert(spark.createDataFrame(frame((1, "a", 2, "a1-v2"), (2, "zz", 1, "zz2"))))
+    failed = table.timeline().pending()
+    (instant,) = list(failed)
+    assert instant.state is State.INFLIGHT and instant.action is Action.COMMIT
+    assert abort_reason(table.storage, instant.requested_time) == "error"
+    assert not [b for b in list_base_files(table) if b.instant_time == instant.requested_time]
+    assert snapshot(table) == rows(frame((1, "a", 1, "a1"))) == hudi_rs.snapshot(table.uri)
+
+
+def test_errors_of_spark_tasks_reach_the_driver_typed() -> None:
+    text = (
+        "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\ncowrite.timeline.errors.LeaseLostError: heartbeat gone\n'
+    )
+    error = translate(RuntimeError(text))
+    assert isinstance(error, LeaseLostError) and str(error) == "heartbeat gone"
+    other = translate(RuntimeError("Traceback:\nValueError: bad\n JVM stacktrace:"))
+    assert isinstance(other, SparkJobError) and "ValueError: bad" in str(other)
+
+
+def test_route_keys_spread_file_groups_evenly_over_the_write_tasks(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    values = [0, 1, -1, 7, 2**31, -(2**40), 2**63 - 1, -(2**63)]
+    found = spark.createDataFrame([(v,) for v in values], "v long").select(F.hash("v")).collect()
+    assert [r[0] for r in found] == [spark_hash(v) for v in values]
+    for count, tasks in ((5, 5), (7, 3)):
+        keys = route_keys(count, tasks)
+        assert len(set(keys)) == count
+        placed = (
+            spark.createDataFrame([(k, i) for i, k in enumerate(keys)], "k long, i long")
+            .repartition(tasks, "k")
+            .select("i", F.spark_partition_id().alias("task"))
+            .collect()
+        )
+        assert sorted((r.i, r.task) for r in placed) == [(i, i % tasks) for i in range(count)]
+
+
+# -- the CLI -----------------------------------------------------------------------------------------------
+def test_cli_write_with_the_spark_engine_matches_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    runner = CliRunner()
+    first, second = tmp_path / "first.parquet", tmp_path / "second.csv"
+    pq.write_table(frame((1, "a", 1, "a1"), (2, "b", 1, "b2")), first)
+    second.write_text("id,p,ts,v\n1,a,2,a1-v2\n3,c,1,c3\n")
+    for engine in ("local", "spark"):
+        path = str(tmp_path / engine)
+        init = ["init", path, "--record-key", "id", "--partition-field", "p", "--ordering-field", "ts"]
+        assert runner.invoke(cli, init).exit_code == 0
+        for operation, source in (("insert", first), ("upsert", second)):
+            result = runner.invoke(cli, ["write", path, "--input", str(source), "--operation", operation,
+                                         "--engine", engine, "--master", "local[1]"])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert f"({operation}, 2 records)" in result.output
+    assert snapshot(Table.load(str(tmp_path / "spark"))) == snapshot(Table.load(str(tmp_path / "local")))
+    usage = runner.invoke(
+        cli, ["write", str(tmp_path / "local"), "--input", str(first), "--operation", "bulk_insert"]
+    )
+    assert usage.exit_code == 2 and "needs --engine spark" in usage.output
+    assert spark.sparkContext._jsc is not None  # the CLI used the active session and left it running
+
+
+# -- S3 ----------------------------------------------------------------------------------------------------
+def test_spark_writes_and_reads_a_table_on_s3(spark: Any, s3_server: S3Server, tmp_path: Path) -> None:
+    import uuid
+
+    from cowrite.writer.spark import register
+    from cowrite.writer.spark import snapshot as spark_snapshot
+
+    options = s3_server.storage_options()
+    uri = f"s3://{s3_server.bucket}/spark-{uuid.uuid4().hex}"
+    table = create(uri, options, partition_fields=["p"], ordering_fields=["ts"])
+    local_table = create(str(tmp_path / "local"), partition_fields=["p"], ordering_fields=["ts"])
+    engine, local = SparkWriter(table, spark), local_writer(local_table)
+    for operation, batch in BATCHES[:3]:
+        engine.write(spark.createDataFrame(batch), operation)
+        local.write(batch, operation)
+    assert snapshot(table) == snapshot(local_table) == hudi_rs.snapshot(uri, options)
+    assert_hudi_rs_agrees(table, options)
+    # executors read it back through the same storage options
+    assert rows(spark_snapshot(spark, table).toArrow()) == snapshot(local_table)
+    register(spark)
+    storage = {"cowrite.storage.options": json.dumps(options)}
+    loaded = spark.read.format("cowrite").options(**storage).load(uri)
+    assert rows(loaded.toArrow()) == snapshot(local_table)
+    # the data source writes there too: its tasks and its commit get the storage options from the option
+    more = frame((20, "f", 1, "f20"))
+    spark.createDataFrame(more).write.format("cowrite").mode("append").options(**storage).save(uri)
+    local.insert(more)
+    assert snapshot(table) == snapshot(local_table) == hudi_rs.snapshot(uri, options)
