@@ -27,16 +27,23 @@ from cowrite.writer.local import LocalWriter
 
 
 def build(commits: int) -> Table:
-    table = Table.create(tempfile.mkdtemp(prefix="cowrite-open-") + "/t", name="t", record_key_fields=["id"],
-                         partition_fields=["p"])
+    table = Table.create(
+        tempfile.mkdtemp(prefix="cowrite-open-") + "/t",
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+    )
     LocalWriter(table).insert(pa.table({"id": ["seed"], "p": ["a"]}))  # one real base file
     start = int(time.time() * 1000) - commits * 10 - 60_000
     for n in range(commits):
         requested = from_millis(start + n * 10)
         completed = Instant(requested, Action.COMMIT, State.COMPLETED, from_millis(start + n * 10 + 5))
-        stat = WriteStat(f"g{n % 100}-0", f"a/g{n % 100}-0_0-0-1_{requested}.parquet", "a", "null", 1, 1, 0, 0, 1)
-        table.storage.create_if_absent(table.instant_path(completed), CommitMetadata("insert", (stat,)).to_bytes(
-            Action.COMMIT))
+        stat = WriteStat(
+            f"g{n % 100}-0", f"a/g{n % 100}-0_0-0-1_{requested}.parquet", "a", "null", 1, 1, 0, 0, 1
+        )
+        table.storage.create_if_absent(
+            table.instant_path(completed), CommitMetadata("insert", (stat,)).to_bytes(Action.COMMIT)
+        )
     archive(table, service_lock(table))
     return table
 
@@ -64,8 +71,10 @@ def main() -> None:
         built = time.perf_counter() - started
         results[size] = time_open(table)
         active = len(table.timeline())
-        print(f"{size:>7} commits: built+archived in {built:.1f} s, active instants {active}, "
-              f"open + timeline + file system view: {results[size] * 1000:.2f} ms (median of 20)")
+        print(
+            f"{size:>7} commits: built+archived in {built:.1f} s, active instants {active}, "
+            f"open + timeline + file system view: {results[size] * 1000:.2f} ms (median of 20)"
+        )
     if len(sizes) >= 2:
         print(f"ratio {sizes[-1]} / {sizes[0]} commits: {results[sizes[-1]] / results[sizes[0]]:.2f}")
 

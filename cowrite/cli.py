@@ -348,12 +348,25 @@ def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
 @click.option("--small-file-limit", type=int, help="File groups below this size are clustered (bytes).")
 @click.option("--target-file-size", type=int, help="Size of the new file groups (bytes).")
 @click.option("--schedule-only", is_flag=True, help="Plan under the lock, do not execute.")
-@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True,
-              help="Where the new file groups are written.")
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "spark"]),
+    default="local",
+    show_default=True,
+    help="Where the new file groups are written.",
+)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL (--engine spark).")
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
-def cluster(path: str, sort_by: Sequence[str], small_file_limit: int | None, target_file_size: int | None,
-            schedule_only: bool, engine: str, master: str, options: Sequence[str]) -> None:
+def cluster(
+    path: str,
+    sort_by: Sequence[str],
+    small_file_limit: int | None,
+    target_file_size: int | None,
+    schedule_only: bool,
+    engine: str,
+    master: str,
+    options: Sequence[str],
+) -> None:
     """Cluster small file groups: plan under the table lock, then execute every pending plan.
 
     Run it from one job dedicated to table services (RFC-22: scheduling is not every writer's job).
@@ -363,8 +376,9 @@ def cluster(path: str, sort_by: Sequence[str], small_file_limit: int | None, tar
 
     try:
         table = _with_settings(Table.load(path), options)
-        planned = schedule_clustering(table, service_lock(table), small_file_limit, target_file_size,
-                                      _split(sort_by))
+        planned = schedule_clustering(
+            table, service_lock(table), small_file_limit, target_file_size, _split(sort_by)
+        )
         click.echo(f"planned {planned.file_name}" if planned else "nothing to cluster")
         if not schedule_only:
             for instant in pending_clusterings(table):
@@ -390,13 +404,23 @@ def _cluster_jobs(engine: str, master: str, options: Sequence[str]) -> MapJobs:
 @click.argument("source")
 @click.argument("destination")
 @click.option("--record-key", multiple=True, required=True, help="Record key field(s).")
-@click.option("--partition-field", multiple=True, help="Partition field(s) (default: the hive-style directories).")
+@click.option(
+    "--partition-field", multiple=True, help="Partition field(s) (default: the hive-style directories)."
+)
 @click.option("--ordering-field", multiple=True, help="Ordering field(s) for later upserts.")
 @click.option("--name", help="Table name (default: the last part of DESTINATION).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--option", "-o", "options", multiple=True, help="Table property or spark.* setting KEY=VALUE.")
-def bootstrap_command(source: str, destination: str, record_key: Sequence[str], partition_field: Sequence[str],
-                      ordering_field: Sequence[str], name: str | None, master: str, options: Sequence[str]) -> None:
+def bootstrap_command(
+    source: str,
+    destination: str,
+    record_key: Sequence[str],
+    partition_field: Sequence[str],
+    ordering_field: Sequence[str],
+    name: str | None,
+    master: str,
+    options: Sequence[str],
+) -> None:
     """Turn the plain parquet dataset at SOURCE (hive-style partitions) into a table at DESTINATION.
 
     Run it before any other writer; a failed bootstrap is rolled back like any failed write.
@@ -408,8 +432,13 @@ def bootstrap_command(source: str, destination: str, record_key: Sequence[str], 
     spark, created = session(master, settings)
     try:
         instant = bootstrap(
-            spark, source, destination, record_key_fields=_split(record_key),
-            partition_fields=_split(partition_field) or None, ordering_fields=_split(ordering_field), name=name,
+            spark,
+            source,
+            destination,
+            record_key_fields=_split(record_key),
+            partition_fields=_split(partition_field) or None,
+            ordering_fields=_split(ordering_field),
+            name=name,
             settings={k: v for k, v in settings.items() if not k.startswith("spark.")},
         )
     except CowriteError as exc:
@@ -422,7 +451,9 @@ def bootstrap_command(source: str, destination: str, record_key: Sequence[str], 
 
 @cli.command("archive")
 @click.argument("path")
-@click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. hoodie.keep.max.commits.")
+@click.option(
+    "--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. hoodie.keep.max.commits."
+)
 def archive_command(path: str, options: Sequence[str]) -> None:
     """Move old completed instants off the active timeline (after cleaning), once."""
     from .cleaner import archive, service_lock
@@ -441,16 +472,25 @@ def _with_settings(table: Table, options: Sequence[str]) -> Table:
 
 @cli.command()
 @click.argument("tables", nargs=-1)
-@click.option("--config", "config_path", help="TOML configuration (see the README); tables may also be arguments.")
+@click.option(
+    "--config", "config_path", help="TOML configuration (see the README); tables may also be arguments."
+)
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--port", type=int, help="HTTP port for /metrics, /healthz, /readyz and /api (default 9464).")
 @click.option("--poll-interval", type=float, help="Seconds between looks at timelines, heartbeats, locks.")
 @click.option("--clean-interval", type=float, help="Seconds between cleaner runs.")
 @click.option("--commits-retained", type=int, help="Commits whose file versions cleaning keeps.")
 @click.option("--log-level", default="INFO", show_default=True)
-def daemon(tables: Sequence[str], config_path: str | None, host: str | None, port: int | None,
-           poll_interval: float | None, clean_interval: float | None, commits_retained: int | None,
-           log_level: str) -> None:
+def daemon(
+    tables: Sequence[str],
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    poll_interval: float | None,
+    clean_interval: float | None,
+    commits_retained: int | None,
+    log_level: str,
+) -> None:
     """Serve tables: follow timelines, expire stale locks, roll back failed writes, clean, export metrics.
 
     SIGTERM or SIGINT drains (running jobs finish) and exits 0.
@@ -464,8 +504,15 @@ def daemon(tables: Sequence[str], config_path: str | None, host: str | None, por
 
     configure(log_level.upper())
     try:
-        config = DaemonConfig.load(config_path, tables, host=host, port=port, poll_interval=poll_interval,
-                                   clean_interval=clean_interval, commits_retained=commits_retained)
+        config = DaemonConfig.load(
+            config_path,
+            tables,
+            host=host,
+            port=port,
+            poll_interval=poll_interval,
+            clean_interval=clean_interval,
+            commits_retained=commits_retained,
+        )
         service = Daemon(config)
         stop = threading.Event()
         for number in (signal.SIGTERM, signal.SIGINT):

@@ -245,4 +245,4 @@ def _demonstrate(table: Table, table_path: str, work: Path, say: Callable[[str],
     )
     _wait(lambda: not any(b.partition == "apac" for b in list_base_files(table)), 60, "the daemon's rollback")
     rollbacks = [i.file_name for i in table.timeline() if i.action is Action.ROLLBACK]
-    say(f"   the daemon rolled it back: {rollbacks}; files left: 0")
+    say(f"   the daemon rolled it back (and the aborted correction before it): {rollbacks}; files left: 0")
