@@ -30,11 +30,11 @@ from .timeline.errors import (
     CowriteError,
     LeaseLostError,
     LockTimeoutError,
-    SchemaError,
     WriteConflictError,
 )
 from .timeline.table import Table
 from .timeline.transaction import WriteOptions
+from .writer.inputs import read_input
 
 if TYPE_CHECKING:
     from .writer.clustering import MapJobs
@@ -66,40 +66,6 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
 
 def _split(values: Sequence[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def read_input(path: str, input_format: str | None) -> pa.Table:
-    """A parquet, CSV or JSON Lines file, or a directory of them, as one Arrow table."""
-    import pyarrow.csv as csv
-    import pyarrow.dataset as ds
-    import pyarrow.json as pajson
-
-    source = Path(path)
-    if not source.exists():
-        raise SchemaError(f"input {path} does not exist")
-    files = (
-        sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
-        if source.is_dir()
-        else [source]
-    )
-    if not files:
-        raise SchemaError(f"input directory {path} holds no files")
-    kinds = {".parquet": "parquet", ".csv": "csv", ".json": "jsonl", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-    tables = []
-    for file in files:
-        kind = input_format or kinds.get(file.suffix.lower())
-        try:
-            if kind == "parquet":
-                tables.append(ds.dataset(file, format="parquet").to_table())
-            elif kind == "csv":
-                tables.append(csv.read_csv(file))
-            elif kind == "jsonl":
-                tables.append(pajson.read_json(file))
-            else:
-                raise SchemaError(f"cannot tell the format of {file}; pass --input-format parquet|csv|jsonl")
-        except pa.ArrowInvalid as exc:
-            raise SchemaError(f"cannot read {file} as {kind}: {exc}") from None
-    return pa.concat_tables(tables, promote_options="permissive")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -195,7 +161,7 @@ def write(
             from .writer.spark import command
 
             instant, count = command.write(
-                table, write_options, input_path, input_format, operation, master, read_input
+                table, write_options, input_path, input_format, operation, master
             )
         else:
             data = read_input(input_path, input_format)

@@ -60,6 +60,18 @@ class WriteOptions:
         return HeartbeatPolicy.from_config(self.config)
 
 
+def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
+    """Run ``write`` (one whole write, which begins its own instant) and run it again after a write
+    conflict, up to ``hoodie.write.num.retries.on.conflict.failures`` times: a retry is a new instant."""
+    retries = config.get(keys.RETRIES_ON_CONFLICT)
+    for attempt in range(retries):
+        try:
+            return write()
+        except WriteConflictError as exc:
+            log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
+    return write()
+
+
 REVERTED_KEY = "cowrite.reverted.clusterings"
 
 

@@ -19,11 +19,11 @@ import pyarrow.compute as pc
 
 from ..timeline import config as keys
 from ..timeline.commit_metadata import CommitMetadata, WriteStat
-from ..timeline.errors import SchemaError, WriteConflictError
+from ..timeline.errors import SchemaError
 from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import Action, Instant
 from ..timeline.table import Table
-from ..timeline.transaction import Transaction, WriteOptions
+from ..timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from .clustering import revert_clusterings
 from .file_group import FileGroupWrite, write_file_group
 from .planning import (
@@ -75,15 +75,7 @@ class LocalWriter:
         """Write ``data`` as one instant; on a conflict retry as configured, each time a new instant."""
         operation = Operation(operation)
         prepared = self._prepare(data, operation, source)
-        retries = self.options.config.get(keys.RETRIES_ON_CONFLICT)
-        for attempt in range(retries + 1):
-            try:
-                return self._write_once(prepared, operation)
-            except WriteConflictError as exc:
-                if attempt == retries:
-                    raise
-                log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
-        raise AssertionError("unreachable")
+        return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
 
     # -- preparation -----------------------------------------------------------------------------
     def _prepare(self, data: pa.Table, operation: Operation, source: str) -> pa.Table:

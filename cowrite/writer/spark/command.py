@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from ...timeline.errors import SchemaError
 from ...timeline.instant import Instant
 from ...timeline.table import Table
 from ...timeline.transaction import WriteOptions
+from ..inputs import input_files, read_input
 from .engine import SparkWriter
-
-ReadInput = Callable[[str, str | None], pa.Table]
 
 
 def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, bool]:
@@ -43,16 +39,9 @@ def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, boo
     return builder.getOrCreate(), True
 
 
-def input_frame(spark: SparkSession, path: str, input_format: str | None, read_input: ReadInput) -> DataFrame:
-    source = Path(path)
-    if not source.exists():
-        raise SchemaError(f"input {path} does not exist")
-    files = (
-        sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
-        if source.is_dir()
-        else [source]
-    )
-    if files and (
+def input_frame(spark: SparkSession, path: str, input_format: str | None) -> DataFrame:
+    files = input_files(path)
+    if (
         input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files))
     ):
         return spark.read.parquet(*(str(f) for f in files))
@@ -66,13 +55,12 @@ def write(
     input_format: str | None,
     operation: str,
     master: str,
-    read_input: ReadInput,
 ) -> tuple[Instant, int]:
     """Write the input as one instant with the Spark engine; returns the instant and the records written."""
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)
-        instant = writer.write(input_frame(spark, input_path, input_format, read_input), operation)
+        instant = writer.write(input_frame(spark, input_path, input_format), operation)
         return instant, writer.metrics.input_rows
     finally:
         if created:

@@ -57,11 +57,11 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from ...timeline import config as keys
 from ...timeline.commit_metadata import CommitMetadata
-from ...timeline.errors import ConfigError, CowriteError, WriteConflictError
+from ...timeline.errors import ConfigError, CowriteError
 from ...timeline.fs_view import FileSystemView
 from ...timeline.instant import Action, Instant
 from ...timeline.table import Table
-from ...timeline.transaction import Transaction, WriteOptions
+from ...timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from ..local import LocalWriter, Operation, _latest_schema
 from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
 from ..records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
@@ -194,16 +194,8 @@ class SparkWriter:
         schema, data_columns = self._validate(df, operation)
         prepared = None
         try:
-            prepared = self._prepare(df, operation, schema, data_columns)
-            retries = self.config.get(keys.RETRIES_ON_CONFLICT)
-            for attempt in range(retries + 1):
-                try:
-                    return self._write_once(prepared, operation)
-                except WriteConflictError as exc:
-                    if attempt == retries:
-                        raise
-                    log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
-            raise AssertionError("unreachable")
+            ready = prepared = self._prepare(df, operation, schema, data_columns)
+            return retry_on_conflict(self.config, lambda: self._write_once(ready, operation))
         finally:
             for frame in prepared.release if prepared else []:
                 frame.unpersist()
