@@ -155,10 +155,14 @@ def assert_rows(target: Target, expected: Rows) -> None:
 def seed(target: Target, keys_: list[str], partition: str = "p0") -> tuple[str, Rows]:
     """Commit ``keys_`` (value "seed", ts 0) from this process; the instant time and the rows."""
     table = target.create()
-    data = pa.table({
-        "id": keys_, "part": [partition] * len(keys_), "ts": pa.array([0] * len(keys_), pa.int64()),
-        "value": ["seed"] * len(keys_),
-    })
+    data = pa.table(
+        {
+            "id": keys_,
+            "part": [partition] * len(keys_),
+            "ts": pa.array([0] * len(keys_), pa.int64()),
+            "value": ["seed"] * len(keys_),
+        }
+    )
     writer = LocalWriter(table, WriteOptions(config=table.config.with_values(QUICK_LOCK)))
     instant = writer.insert(data).requested_time
     return instant, {k: (partition, "seed", instant) for k in keys_}
@@ -294,16 +298,27 @@ class Writers:
         writer_dir = self.directory
         settings = {**QUICK_LOCK, **(options or {})}
         command = [
-            sys.executable, str(WORKER), target.uri,
-            "--operation", operation,
-            "--batch", json.dumps(groups),
-            "--rounds", str(rounds),
-            "--lock-provider", lock_provider,
-            "--storage-options", json.dumps(target.storage_options),
-            "--clock-skew", str(skew),
-            "--result", str(writer_dir / f"{name}.result"),
-            "--loaded-file", str(writer_dir / f"{name}.loaded"),
-            "--pause-timeout", str(2 * WAIT),
+            sys.executable,
+            str(WORKER),
+            target.uri,
+            "--operation",
+            operation,
+            "--batch",
+            json.dumps(groups),
+            "--rounds",
+            str(rounds),
+            "--lock-provider",
+            lock_provider,
+            "--storage-options",
+            json.dumps(target.storage_options),
+            "--clock-skew",
+            str(skew),
+            "--result",
+            str(writer_dir / f"{name}.result"),
+            "--loaded-file",
+            str(writer_dir / f"{name}.loaded"),
+            "--pause-timeout",
+            str(2 * WAIT),
         ]
         for key, value in settings.items():
             command += ["-o", f"{key}={value}"]
@@ -332,8 +347,10 @@ class Writers:
 
     def start_together(self, writers: list[Writer], start_file: Path) -> None:
         """Release writers started with ``start_file`` once all have loaded (imports take most of a start)."""
-        wait_until(lambda: all(w.file("loaded").exists() or w.process.poll() is not None for w in writers),
-                   "all writers to load")
+        wait_until(
+            lambda: all(w.file("loaded").exists() or w.process.poll() is not None for w in writers),
+            "all writers to load",
+        )
         start_file.touch()
 
     def cleanup(self) -> None:
@@ -426,8 +443,16 @@ def test_disjoint_writers_started_together_all_commit(
     start, log = tmp_path / "start", tmp_path / "commits.log"
     plans = [[batch(f"p{i}", [f"w{i}-{j}" for j in range(5)], f"writer-{i}")] for i in range(WRITERS)]
     started = [
-        writers.start(target, plan, name=f"w{i}", operation="insert", lock_provider=provider, options=options,
-                      start_file=start, commit_log=log)
+        writers.start(
+            target,
+            plan,
+            name=f"w{i}",
+            operation="insert",
+            lock_provider=provider,
+            options=options,
+            start_file=start,
+            commit_log=log,
+        )
         for i, plan in enumerate(plans)
     ]
     writers.start_together(started, start)
@@ -440,9 +465,9 @@ def test_disjoint_writers_started_together_all_commit(
     assert_commit_order(target, entries, before=[])
     timeline = target.timeline()
     assert len(timeline) == WRITERS and all(i.is_completed for i in timeline)
-    assert target.timeline_files() == set().union(*(
-        completed_files(r["commits"][0]["instant"], r["commits"][0]["completion"]) for r in results
-    ))
+    assert target.timeline_files() == set().union(
+        *(completed_files(r["commits"][0]["instant"], r["commits"][0]["completion"]) for r in results)
+    )
     assert target.storage.list(HEARTBEAT_DIR) == []
     if provider == "filesystem":
         assert_lock_free(target)
@@ -524,8 +549,9 @@ def test_kill_9_at_each_step_loses_nothing_and_frees_the_lock(
 
     # The victim updates the seed's file group first, then opens one in p1: two base files to write.
     victim_plan = [batch("p0", ["s0", "s1", "s2"], "victim"), batch("p1", ["v0", "v1"], "victim")]
-    victim = writers.start(target, victim_plan, name="victim", pause_at=step, lock_provider=provider,
-                           options=options)
+    victim = writers.start(
+        target, victim_plan, name="victim", pause_at=step, lock_provider=provider, options=options
+    )
     instant = victim.paused()["instant"]
     victim.kill()
 
@@ -593,14 +619,16 @@ def test_kill_9_at_each_step_loses_nothing_and_frees_the_lock(
 # -- 4. SIGSTOP past the heartbeat tolerance -------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", [pytest.param("written", id="stop-after-write"),
-                                  pytest.param("locked", id="stop-holding-lock")])
+@pytest.mark.parametrize(
+    "step", [pytest.param("written", id="stop-after-write"), pytest.param("locked", id="stop-holding-lock")]
+)
 def test_a_writer_stopped_past_its_lease_never_commits(step: str, writers: Writers, tmp_path: Path) -> None:
     target = local_target(tmp_path)
     seeded, rows = seed(target, [f"s{i}" for i in range(6)])
     victim_plan = [batch("p0", ["s0", "s1"], "victim"), batch("p1", ["v0"], "victim")]
-    victim = writers.start(target, victim_plan, name="victim", pause_at=step, release_by_file=True,
-                           options=FAST_HEARTBEAT)
+    victim = writers.start(
+        target, victim_plan, name="victim", pause_at=step, release_by_file=True, options=FAST_HEARTBEAT
+    )
     instant = victim.paused()["instant"]
     victim_files = data_files_of(target, instant)
     assert len(victim_files) == 2
@@ -645,12 +673,21 @@ def test_skewed_clocks_keep_instants_unique_and_completions_ordered(
     target.create()
     start, log, turns = tmp_path / "start", tmp_path / "commits.log", tmp_path / "turns"
     turns.mkdir()
-    plans = [[batch(f"p{k}", [f"k{k}-{j}" for j in range(3)], f"skew{skew:+.0f}")]
-             for k, skew in enumerate(SKEWS)]
+    plans = [
+        [batch(f"p{k}", [f"k{k}-{j}" for j in range(3)], f"skew{skew:+.0f}")] for k, skew in enumerate(SKEWS)
+    ]
     started = [
-        writers.start(target, plan, name=f"w{k}", operation="insert", skew=skew, rounds=ROUNDS,
-                      start_file=start, commit_log=log,
-                      turn=(turns, k, len(SKEWS)) if order == "skew-round-robin" else None)
+        writers.start(
+            target,
+            plan,
+            name=f"w{k}",
+            operation="insert",
+            skew=skew,
+            rounds=ROUNDS,
+            start_file=start,
+            commit_log=log,
+            turn=(turns, k, len(SKEWS)) if order == "skew-round-robin" else None,
+        )
         for k, (plan, skew) in enumerate(zip(plans, SKEWS, strict=True))
     ]
     (turns / "turn-0").touch()
@@ -708,8 +745,11 @@ def test_a_writer_waiting_long_for_a_busy_lock_keeps_waiting(writers: Writers, t
     holder = writers.start(target, holder_plan, name="holder", pause_at="locked", release_by_file=True)
     holder.paused()
     # Pauses of about a millisecond (Hudi's own key names): a thousand tries take a second or two.
-    quick = {keys.LOCK_RETRY_WAIT_MS.key: "1", keys.LOCK_MAX_RETRY_WAIT_MS.key: "1",
-             keys.LOCK_WAIT_MS.key: "60000"}
+    quick = {
+        keys.LOCK_RETRY_WAIT_MS.key: "1",
+        keys.LOCK_MAX_RETRY_WAIT_MS.key: "1",
+        keys.LOCK_WAIT_MS.key: "60000",
+    }
     waiter = writers.start(target, waiter_plan, name="waiter", options=quick, report_tries=TRIES)
 
     def waited_long() -> bool:
@@ -722,7 +762,64 @@ def test_a_writer_waiting_long_for_a_busy_lock_keeps_waiting(writers: Writers, t
     holder_instant = holder.finish(EXIT_OK)["commits"][0]["instant"]
     waiter_instant = waiter.finish(EXIT_OK)["commits"][0]["instant"]
     assert [i.requested_time for i in target.timeline().in_completion_order()] == [
-        seeded, holder_instant, waiter_instant
+        seeded,
+        holder_instant,
+        waiter_instant,
     ]
     rows |= expected_rows(holder_plan, holder_instant) | expected_rows(waiter_plan, waiter_instant)
     assert_rows(target, rows)
+
+
+# -- 8. early conflict detection and record-key conflicts, across processes -----------------------------
+
+EARLY = {
+    "hoodie.write.concurrency.early.conflict.detection.enable": "true",
+    "hoodie.write.concurrency.async.conflict.detector.period_ms": "0",
+}
+
+
+def test_early_detection_stops_the_later_writer_before_it_writes(writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    seeded, rows = seed(target, [f"s{i}" for i in range(4)])
+    plan_a, plan_b = [batch("p0", ["s0"], "A")], [batch("p0", ["s1"], "B")]
+    earlier = writers.start(target, plan_a, name="a", options=EARLY, pause_at="written", release_by_file=True)
+    instant_a = earlier.paused()["instant"]
+    later = writers.start(target, plan_b, name="b", options=EARLY)
+    error = later.finish(EXIT_CONFLICT)["error"]
+    assert (error["type"], error["winner"]) == ("WriteConflictError", instant_a)
+    assert data_files_of(target, error["instant"]) == set()  # it stopped before writing its file
+    earlier.release()
+    earlier.finish(EXIT_OK)
+    assert_rows(target, rows | expected_rows(plan_a, instant_a))
+
+
+@pytest.mark.parametrize("check_keys", [False, True], ids=["plain-occ", "record-key-check"])
+def test_concurrent_inserts_of_one_new_key(check_keys: bool, writers: Writers, tmp_path: Path) -> None:
+    target = local_target(tmp_path)
+    settings = {
+        "hoodie.parquet.small.file.limit": "0",  # each insert opens its own file group
+        "cowrite.write.conflict.record.keys": str(check_keys).lower(),
+    }
+    seeded, rows = seed(target, ["s0"])
+    plan_a, plan_b = [batch("p0", ["new"], "A")], [batch("p0", ["new"], "B")]
+    slow = writers.start(
+        target,
+        plan_a,
+        name="a",
+        operation="insert",
+        options=settings,
+        pause_at="written",
+        release_by_file=True,
+    )
+    instant_a = slow.paused()["instant"]
+    fast = writers.start(target, plan_b, name="b", operation="insert", options=settings)
+    instant_b = fast.finish(EXIT_OK)["commits"][0]["instant"]
+    slow.release()
+    if check_keys:
+        error = slow.finish(EXIT_CONFLICT)["error"]
+        assert error["winner"] == instant_b and "records with the same keys" in error["message"]
+        assert_rows(target, rows | expected_rows(plan_b, instant_b))
+    else:  # what plain file-group OCC gives: two records with one key
+        slow.finish(EXIT_OK)
+        want = sorted([("s0", *rows["s0"]), ("new", "p0", "A", instant_a), ("new", "p0", "B", instant_b)])
+        assert cowrite_rows(target) == want and hudi_rows(target) == want

@@ -139,8 +139,8 @@ class LocalWriter:
             if operation is Operation.DELETE:
                 tagged = tagged.filter(pc.is_valid(tagged.column(FILE_ID)))
         sizing = SizingPolicy(
-            max_file_bytes=table.config.get(keys.PARQUET_MAX_FILE_SIZE),
-            small_file_bytes=table.config.get(keys.PARQUET_SMALL_FILE_LIMIT),
+            max_file_bytes=self.options.config.get(keys.PARQUET_MAX_FILE_SIZE),
+            small_file_bytes=self.options.config.get(keys.PARQUET_SMALL_FILE_LIMIT),
             record_bytes=estimate_record_bytes(view, table.storage, incoming, known_partitions),
         )
         buckets = plan_buckets(tagged, view, sizing)
@@ -170,7 +170,7 @@ class LocalWriter:
                     rows_in_group,
                     deleted_keys=deleted_keys,
                     ordering=table.ordering_fields,
-                    compression=table.config.get(keys.PARQUET_COMPRESSION),
+                    compression=self.options.config.get(keys.PARQUET_COMPRESSION),
                     task=task,
                 )
             )
