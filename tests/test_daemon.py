@@ -392,8 +392,9 @@ def test_a_failed_write_waiting_for_a_busy_lock_stays_reported_with_its_garbage(
     table.storage.write(garbage, b"x" * 1234)  # the one file it wrote before it died
     assert dead.heartbeat is not None
     dead.heartbeat.stop(delete=False)
-    # a live holder (its heartbeat renewed) keeps the table lock the rollback needs
-    blocker = from_millis(int(time.time() * 1000))
+    # a live writer (its instant on the timeline, its heartbeat renewed) keeps the lock the rollback needs;
+    # a heartbeat of an instant the timeline does not show would be collected as an orphan
+    blocker = table.claim_instant(table.timeline(), Action.COMMIT, int(time.time() * 1000)).requested_time
     heartbeat = Heartbeat(table.storage, blocker, target.policy).start()
     lock = FileSystemLock(table.storage, LockHolder(instant=blocker), target.policy)
     lock.acquire()
@@ -413,14 +414,16 @@ def test_a_failed_write_waiting_for_a_busy_lock_stays_reported_with_its_garbage(
             assert count(daemon, "cowrite_cleaner_runs_total", **runs, outcome="error") >= 1
             assert count(daemon, "cowrite_rollbacks_total", table="orders") == 0
         finally:
-            lock.release()
+            lock.release()  # the blocking writer lives on (its heartbeat renewed): only the dead one fails
+        try:
+            wait_until(lambda: count(daemon, "cowrite_rollbacks_total", table="orders") == 1, "the rollback")
+            polls_later(daemon, 1)
+            assert count(daemon, "cowrite_garbage_files", table="orders") == 0
+            assert count(daemon, "cowrite_garbage_bytes", table="orders") == 0
+            assert count(daemon, "cowrite_failed_writes", table="orders") == 0
+            assert count(daemon, "cowrite_deleted_files_total", table="orders", service="rollback") == 1
+        finally:
             heartbeat.stop()
-        wait_until(lambda: count(daemon, "cowrite_rollbacks_total", table="orders") == 1, "the rollback")
-        polls_later(daemon, 1)
-        assert count(daemon, "cowrite_garbage_files", table="orders") == 0
-        assert count(daemon, "cowrite_garbage_bytes", table="orders") == 0
-        assert count(daemon, "cowrite_failed_writes", table="orders") == 0
-        assert count(daemon, "cowrite_deleted_files_total", table="orders", service="rollback") == 1
     assert not table.storage.exists(garbage)
 
 
@@ -480,8 +483,10 @@ def test_http_serves_metrics_health_and_the_read_only_api(target: Target) -> Non
         second = writer(table).insert(rows(["k2"], part="p1"))
         pending = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
         wait_until(  # the watermark follows one poll behind the listing that first shows a commit
-            lambda: get(port, "/api/tables/orders/watermark")[1]
-            == {"fence": pending.instant_time, "watermark": second.completion_time},
+            lambda: (
+                get(port, "/api/tables/orders/watermark")[1]
+                == {"fence": pending.instant_time, "watermark": second.completion_time}
+            ),
             "the pending write and the watermark",
         )
 
