@@ -87,13 +87,13 @@ def count_storage_calls(result: WriterResult, kind: type) -> None:
             kind = _directory_kind(path)
             result.calls[f"{name} {kind}"] += 1
             result.call_seconds[f"{name} {kind}"] += time.perf_counter() - began
-            if name in ("list", "walk_files", "list_dirs"):
+            if name in ("list", "names", "walk_files", "list_dirs"):
                 result.listed[f"{name} {kind}"].append(len(value))
             return value
 
         setattr(kind, name, counted)
 
-    for name in ("read", "write", "create_if_absent", "list", "list_dirs", "walk_files", "stat", "exists",
+    for name in ("read", "write", "create_if_absent", "list", "names", "list_dirs", "walk_files", "stat", "exists",
                  "delete", "open_input", "open_output"):
         wrap(name)
 

@@ -328,6 +328,23 @@ def test_a_live_heartbeat_keeps_an_old_lock(tmp_path: Path) -> None:
     holder.check_held()
 
 
+def test_a_release_wakes_a_waiter_on_local_disk(tmp_path: Path) -> None:
+    # The waiter's pauses are far longer than the test may take: only the release can wake it in time.
+    storage = Storage.for_uri(str(tmp_path / "table"))
+    holder = fs_lock(storage, LockHolder(owner="holder"))
+    holder.acquire(timeout=5)
+    waiter = FileSystemLock(storage, LockHolder(owner="waiter"), PATIENT, RetryPolicy(delay=120, max_delay=120))
+    acquired = threading.Event()
+    thread = threading.Thread(target=lambda: (waiter.acquire(timeout=300), acquired.set()), daemon=True)
+    thread.start()
+    assert not acquired.wait(0.3)  # waiting, asleep until a lock file appears
+    holder.release()
+    assert acquired.wait(30), "the waiter slept through the release"
+    assert waiter.lock_id == 2
+    waiter.check_held()
+    waiter.release()
+
+
 def test_the_daemon_expires_only_stale_locks(storage: Storage) -> None:
     clock = Clock()
     assert expire_stale_lock(storage, PATIENT, now=clock) is None
@@ -386,7 +403,7 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     for _ in range(3):
         writer.acquire(timeout=5)
         writer.release()
-    stale_view = storage.list(LOCK_DIR)  # a contender's listing showing lock3 released
+    stale_view = storage.names(LOCK_DIR)  # a contender's listing showing lock3 released
     for _ in range(8):
         writer.acquire(timeout=5)
         writer.release()
@@ -396,9 +413,9 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
 
     # The contender's first listing is the stale one; every later one is fresh.
-    real_list = storage.list
+    real_names = storage.names
     views = iter([stale_view])
-    monkeypatch.setattr(storage, "list", lambda directory="": next(views, None) or real_list(directory))
+    monkeypatch.setattr(storage, "names", lambda directory="": next(views, None) or real_names(directory))
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with pytest.raises(LockTimeoutError, match="real-holder"):
         contender.acquire(timeout=0.1)

@@ -117,6 +117,25 @@ def _race_in_process(
 
 
 @pytest.mark.slow
+def test_new_files_wakes_on_a_wanted_file_only_where_the_storage_can_tell(storage: Storage) -> None:
+    storage.write("locks/lock1.acquired", b"{}")
+    with storage.new_files("locks", wanted=lambda name: name.endswith(".released")) as new_files:
+        began = time.monotonic()
+        storage.write("locks/lock2.acquired", b"{}")  # not wanted: no wake-up
+        new_files.wait(0.3)
+        assert time.monotonic() - began >= 0.3
+        timer = threading.Timer(0.2, lambda: storage.create_if_absent("locks/lock1.released", b"{}"))
+        timer.start()
+        began = time.monotonic()
+        new_files.wait(5 if storage.uri.startswith("/") else 0.5)
+        waited = time.monotonic() - began
+        timer.join()
+    if storage.uri.startswith("/"):  # local disk: woken by the kernel, long before the 5 s are up
+        assert 0.1 < waited < 4
+    else:  # no notifications: the wait is a plain sleep
+        assert waited >= 0.5
+
+
 def test_create_if_absent_has_exactly_one_winner_among_racers(
     storage: Storage, storage_uri: str, storage_options: dict[str, Any]
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
 from cowrite.timeline.conflict import Candidate, file_group_overlap
 from cowrite.timeline.errors import LeaseLostError, StorageError, WriteConflictError
+from cowrite.timeline.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_path
 from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import Transaction, WriteOptions
@@ -159,6 +160,34 @@ def test_lost_lease_never_publishes(table: Table, case: str, monkeypatch: pytest
     with pytest.raises(LeaseLostError):
         transaction.commit(CommitMetadata("insert", (_stat("a", "g1", transaction.instant_time),)))
     assert table.timeline().completed().requested_times == frozenset()
+
+
+def test_heartbeats_are_renewed_in_the_background_until_stopped(table: Table) -> None:
+    policy = HeartbeatPolicy(interval=0.05, tolerable_misses=100)
+    storage = table.storage
+    beats = [Heartbeat(storage, f"2026010100000000{i}", policy, owner=f"w{i}").start() for i in range(3)]
+    renewals = {b.instant: 0 for b in beats}
+    write = storage.write
+
+    def counted(path: str, data: bytes) -> None:
+        renewals[path.rsplit("/", 1)[-1]] += 1
+        write(path, data)
+
+    storage.write = counted  # type: ignore[method-assign]
+    deadline = time.monotonic() + 30
+    while min(renewals.values()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert min(renewals.values()) >= 3, renewals  # every heartbeat of the process, not only the first
+
+    beats[0].stop(delete=True)
+    beats[1].mark_aborted("conflict")
+    stopped = dict(renewals)
+    time.sleep(0.3)  # six intervals
+    assert renewals[beats[0].instant] == stopped[beats[0].instant]
+    assert not storage.exists(heartbeat_path(beats[0].instant))
+    assert abort_reason(storage, beats[1].instant) == "conflict"  # not overwritten by a late renewal
+    assert renewals[beats[2].instant] > stopped[beats[2].instant]
+    beats[2].stop()
 
 
 def test_retry_on_conflict_uses_a_new_instant(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:

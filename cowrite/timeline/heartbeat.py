@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import config as keys
@@ -103,33 +105,39 @@ class Heartbeat:
         self._renewed_at: float | None = None
         self._lost: str | None = None
         self._failure = "renewals are late"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._guard = threading.Lock()  # renewals (in the background too) and stop() never overlap
 
     def start(self) -> Heartbeat:
         self.renew()
         if self._lost:
             raise LeaseLostError(self._lost)
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.instant}", daemon=True)
-        self._thread.start()
+        _renewals.add(self)
         return self
 
     def renew(self) -> None:
-        started = self.clock()
-        if self._renewed_at is not None and started - self._renewed_at > self.policy.tolerance:
-            self._lose(f"heartbeat of {self.instant} was not renewed for {started - self._renewed_at:.1f} s")
-            return
-        payload = json.dumps({"owner": self.owner, "instant": self.instant}).encode()
-        try:
-            self.storage.write(heartbeat_path(self.instant), payload)
-        except (CowriteError, OSError) as exc:
-            # Not lost yet: the lease runs out by itself if renewals keep failing.
-            self._failure = f"cannot renew heartbeat of {self.instant}: {exc}"
-            return
-        self._renewed_at = started
+        """Write the heartbeat now, unless it was stopped (its last content then stays)."""
+        with self._guard:
+            if self._stopped:
+                return
+            started = self.clock()
+            if self._renewed_at is not None and started - self._renewed_at > self.policy.tolerance:
+                late = started - self._renewed_at
+                self._lose(f"heartbeat of {self.instant} was not renewed for {late:.1f} s")
+                return
+            payload = json.dumps({"owner": self.owner, "instant": self.instant}).encode()
+            try:
+                self.storage.write(heartbeat_path(self.instant), payload)
+            except (CowriteError, OSError) as exc:
+                # Not lost yet: the lease runs out by itself if renewals keep failing.
+                self._failure = f"cannot renew heartbeat of {self.instant}: {exc}"
+                return
+            self._renewed_at = started
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.policy.interval):
+    def refresh(self) -> None:
+        """Renew unless the last renewal is less than half an interval old (the lease is then as good as
+        fresh, and a commit saves a write)."""
+        if self._renewed_at is None or self.clock() - self._renewed_at >= self.policy.interval / 2:
             self.renew()
 
     def _lose(self, reason: str) -> None:
@@ -164,8 +172,61 @@ class Heartbeat:
             log.warning("could not record the abort of %s: %s", self.instant, exc)
 
     def stop(self, delete: bool = True) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        """Stop renewing; once this returns no renewal is under way or will start."""
+        _renewals.remove(self)
+        with self._guard:
+            self._stopped = True
         if delete:
             self.storage.delete(heartbeat_path(self.instant))
+
+
+class _Renewals:
+    """Renews the started heartbeats of this process on time, from one scheduling thread.
+
+    A writer may commit many times a second: a thread of its own per instant would cost more than the
+    commit (starting and joining one each waits for the scheduler). Renewals run on a small pool, so one
+    slow storage does not hold back the heartbeats of writers on others.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._due: dict[Heartbeat, float] = {}  # heartbeat -> monotonic time of its next renewal
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._due[heartbeat] = time.monotonic() + heartbeat.policy.interval
+            if self._thread is None:
+                self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heartbeat")
+                self._thread = threading.Thread(target=self._schedule, name="heartbeats", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._due.pop(heartbeat, None)
+
+    def _schedule(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for heartbeat, due in list(self._due.items()):
+                    if due <= now:
+                        self._due[heartbeat] = now + heartbeat.policy.interval
+                        assert self._pool is not None
+                        self._pool.submit(heartbeat.renew)
+                following = min(self._due.values(), default=None)
+                self._changed.wait(None if following is None else following - now)
+
+
+_renewals = _Renewals()
+
+
+def _renew_anew_after_fork() -> None:
+    # A forked child has none of its parent's threads: it starts its own when it first needs them.
+    global _renewals
+    _renewals = _Renewals()
+
+
+os.register_at_fork(after_in_child=_renew_anew_after_fork)

@@ -21,8 +21,7 @@ from functools import lru_cache
 
 from .errors import CowriteError
 
-TIME_FORMAT = "%Y%m%d%H%M%S"
-_TIME = re.compile(r"\d{17}")
+_TIME = re.compile(r"[0-9]{17}")
 
 
 class InvalidInstantError(CowriteError, ValueError):
@@ -48,8 +47,7 @@ def from_millis(millis: int) -> str:
 
 def to_millis(time: str) -> int:
     """Milliseconds since the epoch of an instant time."""
-    check_time(time)
-    moment = datetime.strptime(time[:14], TIME_FORMAT).replace(tzinfo=UTC)
+    moment = _moment(check_time(time)).replace(tzinfo=UTC)
     return int(moment.timestamp()) * 1000 + int(time[14:])
 
 
@@ -58,10 +56,18 @@ def check_time(time: str) -> str:
     if not isinstance(time, str) or not _TIME.fullmatch(time):
         raise InvalidInstantError(f"{time!r} is not an instant time (yyyyMMddHHmmssSSS, 17 digits)")
     try:
-        datetime.strptime(time[:14], TIME_FORMAT)
+        _moment(time)
     except ValueError as exc:
         raise InvalidInstantError(f"{time!r} is not a valid date and time: {exc}") from None
     return time
+
+
+def _moment(time: str) -> datetime:
+    # datetime's constructor checks the calendar as strptime does, at a tenth of its cost: a writer
+    # parses every new timeline name it sees, under the table lock
+    return datetime(
+        int(time[0:4]), int(time[4:6]), int(time[6:8]), int(time[8:10]), int(time[10:12]), int(time[12:14])
+    )
 
 
 class Action(enum.StrEnum):

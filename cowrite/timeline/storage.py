@@ -30,6 +30,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from .errors import StorageError
+from .watch import NewFiles
 
 T = TypeVar("T")
 
@@ -125,6 +126,11 @@ class Storage:
     def names(self, directory: str = "") -> builtins.list[str]:
         """Names of the files directly inside ``directory``, when sizes and times are not needed."""
         return [info.name for info in self.list(directory)]
+
+    def new_files(self, directory: str, wanted: Callable[[str], bool] = lambda name: True) -> NewFiles:
+        """A watch whose ``wait`` returns early once a file ``wanted`` accepts appears in ``directory``,
+        where the storage can tell (local disk); elsewhere it sleeps."""
+        return NewFiles(None)
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists. True if this call created it."""
@@ -248,6 +254,22 @@ class LocalStorage(Storage):
                 return []
 
         return self._call(directory, scan)
+
+    def new_files(self, directory: str, wanted: Callable[[str], bool] = lambda name: True) -> NewFiles:
+        return NewFiles(self.full_path(directory), lambda name: not _is_temp(name) and wanted(name))
+
+    @contextmanager
+    def open_output(self, path: str) -> Iterator[IO[bytes]]:
+        target = self.full_path(path)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as stream:
+                yield stream
+        except OSError as exc:
+            raise StorageError(f"storage failed writing {target}: {exc}") from exc
+
+    def open_input(self, path: str) -> IO[bytes]:
+        return self._call(path, lambda: open(self.full_path(path), "rb"))
 
     def stat(self, path: str) -> FileInfo:
         result = self._call(path, lambda: os.stat(self.full_path(path)))

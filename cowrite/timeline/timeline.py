@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from .errors import CorruptTimelineError
 from .instant import Action, Instant, InvalidInstantError, State, check_time
@@ -54,29 +55,59 @@ class InstantRange:
         return (self.start is None or time > self.start) and (self.end is None or time <= self.end)
 
 
+def _keep_latest(latest: dict[str, Instant], instant: Instant) -> None:
+    known = latest.get(instant.requested_time)
+    if known is None or instant.state > known.state:
+        latest[instant.requested_time] = instant
+
+
+def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
+    # One instant per time: sorting the times alone orders them, without comparing Instant objects.
+    return tuple(latest[t] for t in sorted(latest))
+
+
 class Timeline:
     """Instants of one table, ordered by requested time."""
 
     def __init__(self, instants: Iterable[Instant]) -> None:
         latest: dict[str, Instant] = {}
         for instant in instants:
-            known = latest.get(instant.requested_time)
-            if known is None or instant.state > known.state:
-                latest[instant.requested_time] = instant
-        self._instants = tuple(sorted(latest.values()))
+            _keep_latest(latest, instant)
+        self._instants = _in_order(latest)
+
+    @classmethod
+    def _of_sorted(cls, instants: Iterable[Instant]) -> Timeline:
+        """A timeline of instants already unique and in order (a view of another timeline)."""
+        timeline = cls.__new__(cls)
+        timeline._instants = tuple(instants)
+        return timeline
 
     @classmethod
     def load(cls, storage: Storage) -> Timeline:
-        """List the timeline directory. Files that are not instants are skipped with a warning."""
-        instants = []
-        for name in storage.names(TIMELINE_DIR):
+        """List the timeline directory. Files that are not instants are skipped with a warning.
+
+        Writers load the timeline several times per commit, mostly under the table lock, and timeline
+        files are only ever added until a rollback or archival removes some: so only names the previous
+        load of the same storage did not see are parsed, and a removal starts afresh.
+        """
+        names = frozenset(storage.names(TIMELINE_DIR))
+        previous = _loads.get(storage)
+        if previous is not None and previous.names == names:
+            return previous.timeline
+        if previous is not None and previous.names <= names:
+            latest, new = dict(previous.latest), names - previous.names
+        else:
+            latest, new = {}, names
+        for name in new:
             if name.endswith(".crc") or name == "history":  # history/: Hudi's LSM archive, a directory
                 continue
             try:
-                instants.append(Instant.parse(name))
+                _keep_latest(latest, Instant.parse(name))
             except InvalidInstantError as exc:
                 log.warning("skipping %s/%s/%s: %s", storage.uri, TIMELINE_DIR, name, exc)
-        return cls(instants)
+        timeline = cls._of_sorted(_in_order(latest))
+        _loads[storage] = _Load(names, latest, timeline)
+        return timeline
 
     # -- access ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Instant]:
@@ -92,12 +123,13 @@ class Timeline:
         return f"Timeline({', '.join(i.file_name for i in self._instants)})"
 
     def get(self, requested_time: str) -> Instant | None:
-        for instant in self._instants:
-            if instant.requested_time == requested_time:
-                return instant
-        return None
+        return self._by_time.get(requested_time)
 
-    @property
+    @cached_property
+    def _by_time(self) -> dict[str, Instant]:
+        return {i.requested_time: i for i in self._instants}
+
+    @cached_property
     def requested_times(self) -> frozenset[str]:
         return frozenset(i.requested_time for i in self._instants)
 
@@ -111,7 +143,7 @@ class Timeline:
     ) -> Timeline:
         wanted_actions = set(actions) if actions is not None else None
         wanted_states = set(states) if states is not None else None
-        return Timeline(
+        return Timeline._of_sorted(
             i
             for i in self._instants
             if (wanted_actions is None or i.action in wanted_actions)
@@ -129,7 +161,7 @@ class Timeline:
         return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
 
     def requested_in(self, window: InstantRange) -> Timeline:
-        return Timeline(i for i in self._instants if i.requested_time in window)
+        return Timeline._of_sorted(i for i in self._instants if i.requested_time in window)
 
     def completed_in(self, window: InstantRange) -> list[Instant]:
         """Completed instants whose completion time is in ``window``, in completion order."""
@@ -148,7 +180,23 @@ class Timeline:
 
     def completed_since(self, seen: frozenset[str]) -> list[Instant]:
         """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
-        return [i for i in self._instants if i.is_completed and i.requested_time not in seen]
+        return [self._by_time[t] for t in sorted(self._completed_times - seen)]
+
+    @cached_property
+    def _completed_times(self) -> frozenset[str]:
+        return frozenset(i.requested_time for i in self._instants if i.is_completed)
+
+
+@dataclass(frozen=True)
+class _Load:
+    """What the last :meth:`Timeline.load` of one storage listed, and the instants the names gave."""
+
+    names: frozenset[str]
+    latest: dict[str, Instant]  # requested time -> the instant in its latest state
+    timeline: Timeline
+
+
+_loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()
 
 
 def archived(storage: Storage) -> Timeline:

@@ -239,7 +239,7 @@ class Transaction:
         if self.instant.state is State.REQUESTED:
             self.plan(metadata)
         try:
-            self.heartbeat.renew()  # a fresh lease for the commit; a writer that was paused loses it here
+            self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
             self.lock.acquire()
             try:

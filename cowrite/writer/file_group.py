@@ -55,8 +55,10 @@ class FileGroupWrite:
 
 
 def read_base_file(storage: Storage, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    # ParquetFile, not read_table: one known file needs none of the dataset machinery, which costs more
+    # than reading a small file group
     with storage.open_input(path) as stream:
-        return pq.read_table(stream, columns=list(columns) if columns is not None else None)
+        return pq.ParquetFile(stream).read(columns=list(columns) if columns is not None else None)
 
 
 def write_file_group(
@@ -104,10 +106,14 @@ def write_file_group(
     num_new = pc.sum(fresh).as_py() or 0
     num_updates = pc.sum(updated).as_py() or 0
     result = _finish(combined, instant, task, name)
+    # Encoded in memory and written at once: parquet's many small writes through a Python stream cost
+    # more than the encoding itself. Dictionary encoding of the two unique meta columns only costs time
+    # before parquet gives up on it.
+    encoded = pa.BufferOutputStream()
+    dictionary = [c for c in result.column_names if c not in (COMMIT_SEQNO, RECORD_KEY)]
+    pq.write_table(result, encoded, compression=compression, use_dictionary=dictionary)
     with storage.open_output(work.new_path) as stream:
-        # dictionary encoding of the two unique meta columns only costs time before parquet gives up on it
-        dictionary = [c for c in result.column_names if c not in (COMMIT_SEQNO, RECORD_KEY)]
-        pq.write_table(result, stream, compression=compression, use_dictionary=dictionary)
+        stream.write(encoded.getvalue())
     size = storage.stat(work.new_path).size
     return WriteStat(
         file_id=work.file_id,

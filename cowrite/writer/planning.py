@@ -54,9 +54,17 @@ def index_keys(storage: Storage, base_files: Iterable[BaseFile]) -> pa.Table:
 
 def tag_locations(incoming: pa.Table, index: pa.Table) -> pa.Table:
     """``incoming`` with a ``FILE_ID`` column: the file group holding each key, null for new keys."""
-    tagged = incoming.append_column("__row", pa.array(range(incoming.num_rows), pa.int64()))
-    joined = tagged.join(index, keys=[RECORD_KEY, PARTITION_PATH], join_type="left outer")
-    return joined.sort_by("__row").drop_columns(["__row"])
+    # a hash lookup of (partition, key), in the rows' own order: a join would reorder them
+    found = pc.index_in(_location(incoming), value_set=_location(index))
+    return incoming.append_column(FILE_ID, pc.take(index.column(FILE_ID), found))
+
+
+def _location(table: pa.Table) -> pa.ChunkedArray:
+    """(partition, key) as one string: ``<length of partition>:<partition><key>``, unambiguous whatever
+    the two contain."""
+    partition, key = (pc.cast(table.column(c), pa.string()) for c in (PARTITION_PATH, RECORD_KEY))
+    length = pc.cast(pc.utf8_length(partition), pa.string())
+    return pc.binary_join_element_wise(length, ":", partition, key, "")
 
 
 @dataclass

@@ -30,7 +30,7 @@ from enum import Enum, StrEnum
 from ..errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
 from ..heartbeat import HeartbeatPolicy, heartbeat_age
 from ..retry import RetryPolicy
-from ..storage import FileInfo, Storage
+from ..storage import Storage
 from .base import LockHolder, TableLock
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,10 @@ class ReleaseReason(StrEnum):
 
 @dataclass(frozen=True)
 class _LockFiles:
-    """What one listing of ``.hoodie/locks/`` showed."""
+    """The ids one listing of ``.hoodie/locks/`` showed (names only: contenders list on every try)."""
 
-    acquired: dict[int, FileInfo]
-    released: dict[int, FileInfo]
+    acquired: frozenset[int]
+    released: frozenset[int]
 
     @property
     def highest(self) -> int:
@@ -77,13 +77,18 @@ class _LockFiles:
 
 
 def _scan(storage: Storage) -> _LockFiles:
-    acquired: dict[int, FileInfo] = {}
-    released: dict[int, FileInfo] = {}
-    for info in storage.list(LOCK_DIR):
-        match = _LOCK_FILE.fullmatch(info.name)
+    acquired: set[int] = set()
+    released: set[int] = set()
+    for name in storage.names(LOCK_DIR):
+        match = _LOCK_FILE.fullmatch(name)
         if match:
-            (acquired if match.group(2) == "acquired" else released)[int(match.group(1))] = info
-    return _LockFiles(acquired, released)
+            (acquired if match.group(2) == "acquired" else released).add(int(match.group(1)))
+    return _LockFiles(frozenset(acquired), frozenset(released))
+
+
+def _acquired_at(storage: Storage, lock_id: int) -> float:
+    """When ``lock<id>.acquired`` was created (storage clock); :class:`FileNotFoundError` if gone."""
+    return storage.stat(acquired_path(lock_id)).modified
 
 
 def read_holder(storage: Storage, lock_id: int) -> LockHolder:
@@ -139,7 +144,12 @@ def _holder_or_unknown(storage: Storage, lock_id: int) -> LockHolder:
 
 
 def _staleness(
-    storage: Storage, files: _LockFiles, lock_id: int, holder: LockHolder, policy: HeartbeatPolicy, now: float
+    storage: Storage,
+    acquired_at: float,
+    lock_id: int,
+    holder: LockHolder,
+    policy: HeartbeatPolicy,
+    now: float,
 ) -> str | None:
     """Why the held lock ``lock_id`` is stale, or None while its holder counts as alive."""
     if holder.instant is not None:
@@ -148,7 +158,7 @@ def _staleness(
             if age > policy.tolerance:
                 return f"heartbeat of {holder.instant} is {age:.1f} s old (tolerance {policy.tolerance} s)"
             return None
-    age = max(0.0, now - files.acquired[lock_id].modified)
+    age = max(0.0, now - acquired_at)
     if age > policy.tolerance:
         basis = "has no heartbeat" if holder.instant is not None else "holds no instant"
         return f"holder {basis} and lock{lock_id} is {age:.1f} s old (tolerance {policy.tolerance} s)"
@@ -190,11 +200,12 @@ def expire_stale_lock(
     if not files.is_held(lock_id):
         return None
     try:
+        acquired_at = _acquired_at(storage, lock_id)
         holder = _holder_or_unknown(storage, lock_id)
     except FileNotFoundError:
         return None  # garbage-collected after our listing: not the current lock any more
     at = now()
-    reason = _staleness(storage, files, lock_id, holder, policy, at)
+    reason = _staleness(storage, acquired_at, lock_id, holder, policy, at)
     if reason is None or not _expire(storage, lock_id, holder, reason, reaper, at):
         return None
     return lock_id
@@ -240,14 +251,13 @@ def current_lock(storage: Storage) -> CurrentLock | None:
     lock_id = files.highest
     if not lock_id:
         return None
-    info = files.acquired.get(lock_id)
-    at = info.modified if info else None
-    if not files.is_held(lock_id):
-        return CurrentLock(lock_id, None, at)
     try:
+        at = _acquired_at(storage, lock_id) if lock_id in files.acquired else None
+        if not files.is_held(lock_id):
+            return CurrentLock(lock_id, None, at)
         return CurrentLock(lock_id, read_holder(storage, lock_id), at)
-    except FileNotFoundError:
-        return CurrentLock(lock_id, None, at)
+    except FileNotFoundError:  # garbage-collected after our listing
+        return CurrentLock(lock_id, None, None)
 
 
 class _Outcome(Enum):
@@ -299,15 +309,23 @@ class FileSystemLock(TableLock):
         policy = self._policy(timeout)
         self._seen = None
         self._waiting_since = time.monotonic()
-        for _ in policy.attempts():
-            outcome = self._try_acquire()
-            for _ in range(_IMMEDIATE_RETRIES):
-                if outcome is not _Outcome.AGAIN:
-                    break
-                outcome = self._try_acquire()
-            if outcome is _Outcome.ACQUIRED:
-                return
+        if self._try() is _Outcome.ACQUIRED:  # a free lock needs no watch
+            return
+        # Between tries, wake as soon as a lock is released, where the storage can tell; the retry
+        # policy's pauses still bound each wait, for holders that only expiry frees.
+        with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as new_files:
+            for _ in replace(policy, sleep=new_files.wait).attempts():
+                if self._try() is _Outcome.ACQUIRED:
+                    return
         raise self._timeout_error(policy.deadline)
+
+    def _try(self) -> _Outcome:
+        outcome = self._try_acquire()
+        for _ in range(_IMMEDIATE_RETRIES):
+            if outcome is not _Outcome.AGAIN:
+                break
+            outcome = self._try_acquire()
+        return outcome
 
     def _try_acquire(self) -> _Outcome:
         files = _scan(self.storage)
@@ -342,17 +360,17 @@ class FileSystemLock(TableLock):
     def _judge(self, files: _LockFiles, lock_id: int) -> _Outcome:
         # Lock files are never rewritten: the holder read on an earlier try is still the holder of that
         # file, which saves a read per try while waiting.
-        file = (lock_id, files.acquired[lock_id].modified)
-        if self._seen is not None and self._seen_file == file:
-            holder = self._seen[1]
-        else:
-            try:
+        try:
+            file = (lock_id, _acquired_at(self.storage, lock_id))
+            if self._seen is not None and self._seen_file == file:
+                holder = self._seen[1]
+            else:
                 holder = _holder_or_unknown(self.storage, lock_id)
-            except FileNotFoundError:
-                return _Outcome.AGAIN  # deleted since the listing: the listing is out of date
-            self._seen, self._seen_file = (lock_id, holder), file
+                self._seen, self._seen_file = (lock_id, holder), file
+        except FileNotFoundError:
+            return _Outcome.AGAIN  # deleted since the listing: the listing is out of date
         at = self.now()
-        reason = _staleness(self.storage, files, lock_id, holder, self.heartbeat, at)
+        reason = _staleness(self.storage, file[1], lock_id, holder, self.heartbeat, at)
         if reason is None:
             return _Outcome.BUSY
         _expire(self.storage, lock_id, holder, reason, self.holder.owner, at)
