@@ -21,7 +21,7 @@ from cowrite.timeline.table import Table
 from cowrite.timeline.timeline import TIMELINE_DIR
 from cowrite.timeline.transaction import WriteOptions
 from cowrite.writer import read
-from cowrite.writer.file_group import read_base_file
+from cowrite.writer.file_group import RecentFiles, read_base_file
 from cowrite.writer.local import LocalWriter
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
@@ -200,6 +200,40 @@ def test_without_ordering_field_the_latest_write_wins(tmp_path: Path) -> None:
     write.insert(data((1, "x", 9, "stored")))
     write.upsert(data((1, "x", 1, "first"), (1, "x", 0, "second"), (2, "x", 0, "new")))
     assert snapshot(table) == expect((1, "x", 0, "second"), (2, "x", 0, "new"))
+
+
+def test_a_writer_merges_its_own_last_files_without_reading_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = new_table(tmp_path, partition_fields=["p"], ordering_fields=["ts"])
+    write = writer(table)
+    write.insert(data((1, "x", 1, "a"), (2, "x", 1, "a")))
+    opened: list[str] = []
+    open_input = table.storage.open_input
+    monkeypatch.setattr(table.storage, "open_input", lambda path: opened.append(path) or open_input(path))
+    write.upsert(data((1, "x", 2, "b"), (3, "x", 2, "b")))
+    write.upsert(data((2, "x", 3, "c")))
+    assert opened == []
+    expected = expect((1, "x", 2, "b"), (2, "x", 3, "c"), (3, "x", 2, "b"))
+    assert snapshot(table) == expected
+    opened.clear()
+    other = writer(table)  # another writer reads the file (and finds the same rows)
+    other.upsert(data((3, "x", 4, "d")))
+    assert len(opened) == 3  # the base file: its keys for the index, its footer for sizing, its rows
+    assert snapshot(table) == expect((1, "x", 2, "b"), (2, "x", 3, "c"), (3, "x", 4, "d"))
+
+
+def test_recent_files_keep_the_most_recently_used_within_their_budget() -> None:
+    tables = {name: pa.table({"v": pa.array(range(1000), pa.int64())}) for name in "abcd"}  # 8000 bytes each
+    recent = RecentFiles(max_bytes=32_000)
+    recent.put("huge", pa.table({"v": pa.array(range(1001), pa.int64())}))  # over a quarter: not kept
+    for name in "abc":
+        recent.put(name, tables[name])
+    assert recent.get("a") is tables["a"]  # now the most recently used
+    recent.put("d", tables["d"])
+    recent.put("e", tables["d"])  # 5 x 8000 bytes: the least recently used, b, goes
+    assert [n for n in "abcde" if recent.get(n) is not None] == ["a", "c", "d", "e"]
+    assert recent.get("huge") is None
 
 
 def test_insert_does_not_look_up_keys(tmp_path: Path) -> None:

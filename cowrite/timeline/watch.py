@@ -48,6 +48,7 @@ class NewFiles:
     def __init__(self, directory: str | None, wanted: Callable[[str], bool] = lambda name: True) -> None:
         self.directory = directory
         self.wanted = wanted
+        self.woken = False
         self._fd: int | None = None
 
     def __enter__(self) -> NewFiles:
@@ -72,6 +73,8 @@ class NewFiles:
             self._fd = None
 
     def wait(self, seconds: float) -> None:
+        """Wait; afterwards :attr:`woken` tells whether a wanted file ended it (False: time ran out)."""
+        self.woken = False
         if self._fd is None:
             time.sleep(seconds)
             return
@@ -79,6 +82,7 @@ class NewFiles:
         while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select([self._fd], [], [], left)
             if ready and self._created():
+                self.woken = True
                 return
 
     def _created(self) -> bool:

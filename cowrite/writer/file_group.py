@@ -6,6 +6,7 @@ executors): it reads at most one base file, writes exactly one, and returns the 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,7 +55,42 @@ class FileGroupWrite:
         )
 
 
-def read_base_file(storage: Storage, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+class RecentFiles:
+    """Base files one writer wrote lately, kept in memory (least recently used go first).
+
+    A writer that upserts small batches into the same file groups again and again would otherwise read
+    back the files it has just written. A base file never changes once written (its name carries its
+    instant), so a kept copy cannot go stale; one deleted since (an aborted write's) never becomes the
+    latest base file of its group, so nobody asks for it.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024**2) -> None:
+        self.max_bytes = max_bytes
+        self._tables: OrderedDict[str, pa.Table] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, path: str) -> pa.Table | None:
+        table = self._tables.get(path)
+        if table is not None:
+            self._tables.move_to_end(path)
+        return table
+
+    def put(self, path: str, table: pa.Table) -> None:
+        if table.nbytes > self.max_bytes // 4 or path in self._tables:
+            return
+        self._tables[path] = table
+        self._bytes += table.nbytes
+        while self._bytes > self.max_bytes:
+            _, dropped = self._tables.popitem(last=False)
+            self._bytes -= dropped.nbytes
+
+
+def read_base_file(
+    storage: Storage, path: str, columns: Sequence[str] | None = None, recent: RecentFiles | None = None
+) -> pa.Table:
+    kept = recent.get(path) if recent is not None else None
+    if kept is not None:
+        return kept if columns is None else kept.select(list(columns))
     # ParquetFile, not read_table: one known file needs none of the dataset machinery, which costs more
     # than reading a small file group
     with storage.open_input(path) as stream:
@@ -70,6 +106,7 @@ def write_file_group(
     ordering: Sequence[str] = (),
     compression: str = "snappy",
     task: int = 0,
+    recent: RecentFiles | None = None,
 ) -> WriteStat:
     """Write ``work.new_path``: the base file's rows, changed by ``incoming`` and ``deleted_keys``.
 
@@ -78,7 +115,7 @@ def write_file_group(
     ordering value; rows nobody touched are copied with their original meta columns.
     """
     name = work.new_path.rsplit("/", 1)[-1]
-    existing = read_base_file(storage, work.base_path) if work.base_path else None
+    existing = read_base_file(storage, work.base_path, recent=recent) if work.base_path else None
     stamped = _stamp(incoming, instant, name)
     if existing is None:
         combined = stamped
@@ -114,6 +151,8 @@ def write_file_group(
     pq.write_table(result, encoded, compression=compression, use_dictionary=dictionary)
     with storage.open_output(work.new_path) as stream:
         stream.write(encoded.getvalue())
+    if recent is not None:
+        recent.put(work.new_path, result)
     size = storage.stat(work.new_path).size
     return WriteStat(
         file_id=work.file_id,

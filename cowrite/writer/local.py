@@ -25,7 +25,7 @@ from ..timeline.instant import Action, Instant
 from ..timeline.table import Table
 from ..timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from .clustering import revert_clusterings
-from .file_group import FileGroupWrite, write_file_group
+from .file_group import FileGroupWrite, RecentFiles, write_file_group
 from .planning import (
     FILE_ID,
     SizingPolicy,
@@ -58,6 +58,7 @@ class LocalWriter:
     def __init__(self, table: Table, options: WriteOptions | None = None) -> None:
         self.table = table
         self.options = options or WriteOptions(config=table.config)
+        self._recent = RecentFiles()
 
     def insert(self, data: pa.Table) -> Instant:
         return self.write(data, Operation.INSERT)
@@ -130,7 +131,7 @@ class LocalWriter:
         elif operation is Operation.INSERT:
             tagged = incoming
         else:
-            index = index_keys(table.storage, view.latest_base_files())
+            index = index_keys(table.storage, view.latest_base_files(), self._recent)
             if lookup_all:  # deletes without partition columns: the key decides the partition
                 incoming = incoming.drop_columns([PARTITION_PATH]).join(
                     index.select([RECORD_KEY, PARTITION_PATH]), keys=RECORD_KEY, join_type="inner"
@@ -141,7 +142,7 @@ class LocalWriter:
         sizing = SizingPolicy(
             max_file_bytes=self.options.config.get(keys.PARQUET_MAX_FILE_SIZE),
             small_file_bytes=self.options.config.get(keys.PARQUET_SMALL_FILE_LIMIT),
-            record_bytes=estimate_record_bytes(view, table.storage, incoming, known_partitions),
+            record_bytes=estimate_record_bytes(view, table.storage, incoming, known_partitions, self._recent),
         )
         buckets = plan_buckets(tagged, view, sizing)
         merge = operation is not Operation.INSERT
@@ -172,6 +173,7 @@ class LocalWriter:
                     ordering=table.ordering_fields,
                     compression=self.options.config.get(keys.PARQUET_COMPRESSION),
                     task=task,
+                    recent=self._recent,
                 )
             )
         return self._metadata(operation, stats, replaced, schema)

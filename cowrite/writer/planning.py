@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from ..timeline.fs_view import BaseFile, FileSystemView
 from ..timeline.storage import Storage
-from .file_group import FileGroupWrite, read_base_file
+from .file_group import FileGroupWrite, RecentFiles, read_base_file
 from .records import PARTITION_PATH, RECORD_KEY
 
 FILE_ID = "__cowrite_file_id"
@@ -27,11 +27,13 @@ def new_file_id() -> str:
     return f"{uuid.uuid4()}-0"
 
 
-def index_keys(storage: Storage, base_files: Iterable[BaseFile]) -> pa.Table:
+def index_keys(
+    storage: Storage, base_files: Iterable[BaseFile], recent: RecentFiles | None = None
+) -> pa.Table:
     """(record key, partition, file id) of every record in the given base files."""
     parts = []
     for base in base_files:
-        keys = read_base_file(storage, base.path, [RECORD_KEY]).column(RECORD_KEY)
+        keys = read_base_file(storage, base.path, [RECORD_KEY], recent).column(RECORD_KEY)
         parts.append(
             pa.table(
                 {
@@ -142,15 +144,23 @@ def to_work(bucket: Bucket, instant: str, task: int, merge: bool) -> FileGroupWr
 
 
 def estimate_record_bytes(
-    view: FileSystemView, storage: Storage, incoming: pa.Table, partitions: Sequence[str]
+    view: FileSystemView,
+    storage: Storage,
+    incoming: pa.Table,
+    partitions: Sequence[str],
+    recent: RecentFiles | None = None,
 ) -> float:
     """Bytes per record in a base file, from the existing files when there are any."""
     for partition in partitions:
         for group in view.in_partition(partition):
             base = group.latest
             if base.size:
-                with storage.open_input(base.path) as stream:
-                    rows = pq.ParquetFile(stream).metadata.num_rows
+                kept = recent.get(base.path) if recent is not None else None
+                if kept is not None:
+                    rows = kept.num_rows
+                else:
+                    with storage.open_input(base.path) as stream:
+                        rows = pq.ParquetFile(stream).metadata.num_rows
                 if rows:
                     return base.size / rows
     # Parquet compresses Arrow's in-memory size by roughly this much on typical tables.

@@ -293,6 +293,7 @@ class FileSystemLock(TableLock):
         self._id: int | None = None
         self._seen: tuple[int, LockHolder] | None = None  # the last holder we waited for, for the error
         self._seen_file: tuple[int, float] | None = None
+        self._waited_for: int | None = None  # the id we last found held by someone else
         self._waiting_since = time.monotonic()
 
     @property
@@ -307,19 +308,21 @@ class FileSystemLock(TableLock):
 
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
-        self._seen = None
+        self._seen = self._waited_for = None
         self._waiting_since = time.monotonic()
         if self._try() is _Outcome.ACQUIRED:  # a free lock needs no watch
             return
         # Between tries, wake as soon as a lock is released, where the storage can tell; the retry
         # policy's pauses still bound each wait, for holders that only expiry frees.
-        with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as new_files:
-            for _ in replace(policy, sleep=new_files.wait).attempts():
-                if self._try() is _Outcome.ACQUIRED:
+        with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as releases:
+            for _ in replace(policy, sleep=releases.wait).attempts():
+                if self._try(after_release=releases.woken) is _Outcome.ACQUIRED:
                     return
         raise self._timeout_error(policy.deadline)
 
-    def _try(self) -> _Outcome:
+    def _try(self, after_release: bool = False) -> _Outcome:
+        if after_release and self._overtaken():
+            return _Outcome.BUSY
         outcome = self._try_acquire()
         for _ in range(_IMMEDIATE_RETRIES):
             if outcome is not _Outcome.AGAIN:
@@ -327,15 +330,33 @@ class FileSystemLock(TableLock):
             outcome = self._try_acquire()
         return outcome
 
+    def _overtaken(self) -> bool:
+        """Whether another waiter already took the lock that follows the one we waited for.
+
+        A release wakes every waiter and all but one find the lock taken again: two lookups tell them,
+        where a listing would cost each of them more than the holder's whole turn. A holder that just
+        took the lock cannot be stale, so it needs no judging.
+        """
+        if self._waited_for is None:
+            return False
+        following = self._waited_for + 1
+        taken = self.storage.exists(acquired_path(following))
+        if taken and not self.storage.exists(released_path(following)):
+            self._waited_for = following
+            return True
+        return False
+
     def _try_acquire(self) -> _Outcome:
         files = _scan(self.storage)
         current = files.highest
         if files.is_held(current):
+            self._waited_for = current
             return self._judge(files, current)
         candidate = current + 1
         waited = int((time.monotonic() - self._waiting_since) * 1000)
         payload = replace(self.holder, waited_ms=waited).to_bytes()
         if not self.storage.create_if_absent(acquired_path(candidate), payload):
+            self._waited_for = candidate
             return _Outcome.BUSY
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. Only an id that is still the highest counts.
