@@ -249,9 +249,12 @@ class LocalStorage(Storage):
     def names(self, directory: str = "") -> builtins.list[str]:
         def scan() -> builtins.list[str]:
             try:
-                return [n for n in os.listdir(self.full_path(directory)) if not n.startswith(_TEMP_PREFIX)]
+                names = os.listdir(self.full_path(directory))
             except (FileNotFoundError, NotADirectoryError):
                 return []
+            if _TEMP_PREFIX not in "/".join(names):  # the usual case, found without a loop in Python
+                return names
+            return [n for n in names if not n.startswith(_TEMP_PREFIX)]
 
         return self._call(directory, scan)
 

@@ -213,7 +213,7 @@ class Table:
         the time after the timeline's newest instant keeps times unique and ordered whatever the
         claimants' clocks (callers hold the table lock, so ``timeline`` is current).
         """
-        newest = max(timeline.requested_times, default=None)  # times sort as strings: convert one only
+        newest = timeline.last.requested_time if timeline.last else None  # the timeline is in time order
         millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
         while True:
             instant = Instant(from_millis(millis), action, State.REQUESTED)

@@ -137,6 +137,11 @@ class Timeline:
     def first(self) -> Instant | None:
         return self._instants[0] if self._instants else None
 
+    @property
+    def last(self) -> Instant | None:
+        """The instant with the newest requested time."""
+        return self._instants[-1] if self._instants else None
+
     # -- views -----------------------------------------------------------------------------------
     def filter(
         self, *, actions: Iterable[Action] | None = None, states: Iterable[State] | None = None
@@ -173,17 +178,18 @@ class Timeline:
     def in_completion_order(self) -> list[Instant]:
         return self.completed_in(InstantRange.all())
 
-    @property
+    @cached_property
     def latest_completion_time(self) -> str | None:
         times = [i.completion_time for i in self._instants if i.completion_time]
         return max(times) if times else None
 
     def completed_since(self, seen: frozenset[str]) -> list[Instant]:
         """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
-        return [self._by_time[t] for t in sorted(self._completed_times - seen)]
+        return [self._by_time[t] for t in sorted(self.completed_times - seen)]
 
     @cached_property
-    def _completed_times(self) -> frozenset[str]:
+    def completed_times(self) -> frozenset[str]:
+        """Requested times of the completed instants."""
         return frozenset(i.requested_time for i in self._instants if i.is_completed)
 
 

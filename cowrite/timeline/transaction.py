@@ -212,7 +212,7 @@ class Transaction:
         timeline = self.table.timeline()
         rivals = [
             Candidate(i, self.table.commit_metadata(i))
-            for i in timeline.completed_since(self.begin_timeline.completed().requested_times)
+            for i in timeline.completed_since(self.begin_timeline.completed_times)
             if i.action.writes_data
         ] + [
             Candidate(i, plan)
@@ -314,7 +314,7 @@ class Transaction:
         self, metadata: CommitMetadata, timeline: Timeline, revert: RevertClustering | None
     ) -> Revert | None:
         """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
-        seen = self.begin_timeline.completed().requested_times
+        seen = self.begin_timeline.completed_times
         is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
         ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
         candidates = [
