@@ -32,6 +32,7 @@ from cowrite.writer import read
 from cowrite.writer.local import LocalWriter
 from cowrite.writer.planning import SizingPolicy, assign_inserts, estimate_record_bytes
 from cowrite.writer.spark import SparkJobError, SparkWriter
+from cowrite.writer.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.writer.spark.errors import translate
 from cowrite.writer.spark.plan import route_keys, spark_hash
 
@@ -400,6 +401,32 @@ def test_route_keys_spread_file_groups_evenly_over_the_write_tasks(spark: Any) -
             .collect()
         )
         assert sorted((r.i, r.task) for r in placed) == [(i, i % tasks) for i in range(count)]
+
+
+def test_writes_bound_arrow_batches_by_rows_and_restore_the_sessions_settings(
+    spark: Any, tmp_path: Path
+) -> None:
+    conf = spark.conf
+    conf.set(MAX_RECORDS, "5000")
+    try:
+        with ArrowBatches(spark) as outer, ArrowBatches(spark) as inner:
+            assert conf.get(MAX_BYTES) in (UNCHECKED_BYTES, f"{UNCHECKED_BYTES}b")
+            assert conf.get(MAX_RECORDS) == "5000"
+            assert outer.fit(1 << 20) == 64 and conf.get(MAX_RECORDS) == "64"  # 64 MiB of 1 MiB rows
+            assert inner.fit(100) == 5000  # narrow rows: the session's row bound
+        assert conf.get(MAX_RECORDS) == "5000" and conf.get(MAX_BYTES, None) is None
+        with ArrowBatches(spark) as outer:
+            with ArrowBatches(spark):
+                pass
+            assert conf.get(MAX_BYTES) in (UNCHECKED_BYTES, f"{UNCHECKED_BYTES}b")  # until the last ends
+        table = create(str(tmp_path / "t"), partition_fields=["p"], ordering_fields=["ts"])
+        engine = SparkWriter(table, spark)
+        engine.insert(spark.createDataFrame(frame((1, "a", 1, "a1"), (2, "b", 1, "b2"))))
+        engine.upsert(spark.createDataFrame(frame((1, "a", 2, "a1-v2"), (3, "b", 1, "b3"))))
+        assert snapshot(table) == rows(frame((1, "a", 2, "a1-v2"), (2, "b", 1, "b2"), (3, "b", 1, "b3")))
+        assert conf.get(MAX_RECORDS) == "5000" and conf.get(MAX_BYTES, None) is None
+    finally:
+        conf.unset(MAX_RECORDS)
 
 
 # -- the CLI -----------------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from ..local import LocalWriter, Operation, _latest_schema
 from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
 from ..records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
 from ..schema import avro_schema
+from .batching import ARROW_BYTES_PER_PARQUET_BYTE, ArrowBatches, size_in_bytes
 from .errors import translate
 from .plan import Count, SparkPlan, plan_append, plan_merge
 from .tasks import (
@@ -162,6 +163,7 @@ class SparkWriter:
         self.metrics = WriteMetrics()
         self._read: Any = None  # accumulators of index files read and pruned, while a write runs
         self._pruned: Any = None
+        self._batches = ArrowBatches(spark)  # the Arrow batch settings of the running write
 
     # -- operations --------------------------------------------------------------------------------------
     def insert(self, df: DataFrame) -> Instant:
@@ -193,12 +195,13 @@ class SparkWriter:
             df = df.drop(*meta)
         schema, data_columns = self._validate(df, operation)
         prepared = None
-        try:
-            ready = prepared = self._prepare(df, operation, schema, data_columns)
-            return retry_on_conflict(self.config, lambda: self._write_once(ready, operation))
-        finally:
-            for frame in prepared.release if prepared else []:
-                frame.unpersist()
+        with ArrowBatches(self.spark) as self._batches:
+            try:
+                ready = prepared = self._prepare(df, operation, schema, data_columns)
+                return retry_on_conflict(self.config, lambda: self._write_once(ready, operation))
+            finally:
+                for frame in prepared.release if prepared else []:
+                    frame.unpersist()
 
     # -- validation ----------------------------------------------------------------------------------
     def _validate(self, df: DataFrame, operation: SparkOperation) -> tuple[str, tuple[str, ...]]:
@@ -363,13 +366,16 @@ class SparkWriter:
         return transaction.commit(metadata)
 
     def _sizing(self, view: FileSystemView, prepared: _Prepared, partitions: Sequence[str]) -> SizingPolicy:
-        return SizingPolicy(
+        """File sizes of the plan; the whole rows that follow go to Python in batches fitted to them."""
+        sizing = SizingPolicy(
             max_file_bytes=self.config.get(keys.PARQUET_MAX_FILE_SIZE),
             small_file_bytes=self.config.get(keys.PARQUET_SMALL_FILE_LIMIT),
             record_bytes=estimate_record_bytes(
                 view, self.table.storage, cast(pa.Table, _LazySample(prepared.sample)), partitions
             ),
         )
+        self._batches.fit(sizing.record_bytes * ARROW_BYTES_PER_PARQUET_BYTE)
+        return sizing
 
     def _append(
         self, transaction: Transaction, prepared: _Prepared, operation: SparkOperation
@@ -551,7 +557,8 @@ class SparkWriter:
         Spark cannot know the size of a Python function's output and would shuffle (and sort) every
         whole row to join them by position; narrow rows are a few dozen bytes.
         """
-        limit = _bytes(self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10m")
+        threshold = self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10m"
+        limit = size_in_bytes(threshold, 10 << 20)
         return F.broadcast(narrow) if 0 <= rows * 64 <= limit else narrow
 
     def _write_tasks(self) -> int:
@@ -592,16 +599,6 @@ class _LazySample:
     @property
     def num_rows(self) -> int:
         return int(self._get().num_rows)
-
-
-def _bytes(size: str) -> int:
-    """A Spark size setting ("10485760b", "10m", "-1") in bytes; -1 (disabled) stays -1."""
-    text = size.strip().lower().removesuffix("b")
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(text[-1:], 1)
-    try:
-        return int(text[:-1] if scale > 1 else text) * scale
-    except ValueError:
-        return 10 << 20
 
 
 def _arrow_type(df: DataFrame, name: str) -> pa.DataType:
