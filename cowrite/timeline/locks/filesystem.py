@@ -44,7 +44,7 @@ _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
 # how often in a row, so a storage that keeps misbehaving still reaches the retry policy's pauses.
 _IMMEDIATE_RETRIES = 3
 # Lock files a releasing holder leaves behind it (older ones it deletes, see release).
-_KEPT_ON_RELEASE = 8
+_KEPT_ON_RELEASE = 16
 
 
 def acquired_path(lock_id: int) -> str:
