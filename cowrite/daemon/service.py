@@ -207,7 +207,7 @@ class TableService:
         assert self.table is not None
         if provider_name(self.table.config) != FILESYSTEM:
             return
-        names = {info.name for info in self.table.storage.list(LOCK_DIR)}
+        names = set(self.table.storage.names(LOCK_DIR))
         for name in sorted(names - self.seen.lock_files):
             if initial or not name.startswith("lock"):
                 continue

@@ -317,6 +317,8 @@ class LocalStorage(Storage):
             return self._call(path, create)
 
         def link() -> bool:
+            if os.path.lexists(target):  # lost already: no temporary file to write (racers for a lock)
+                return False
             temp = self._temp_beside(target, data)
             try:
                 os.link(temp, target)
