@@ -6,6 +6,7 @@ import multiprocessing
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,6 +135,18 @@ def test_new_files_wakes_on_a_wanted_file_only_where_the_storage_can_tell(storag
         assert 0.1 < waited < 4
     else:  # no notifications: the wait is a plain sleep
         assert waited >= 0.5
+
+
+def test_one_waiter_at_a_time_takes_the_turn_in_a_local_directory(tmp_path: Path) -> None:
+    storage = Storage.for_uri(str(tmp_path))
+    storage.write("locks/lock1.acquired", b"{}")
+    with storage.new_files("locks") as first, storage.new_files("locks") as second:
+        with first.turn() as mine:
+            assert mine
+            with second.turn() as theirs:
+                assert not theirs  # in another process it is the same: the lock is the kernel's
+        with second.turn() as theirs:
+            assert theirs
 
 
 def test_create_if_absent_has_exactly_one_winner_among_racers(

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import logging
 import os
 import select
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 log = logging.getLogger(__name__)
 
 _IN_CREATE = 0x100
 _IN_MOVED_TO = 0x80
+_IN_Q_OVERFLOW = 0x4000  # events were lost: whatever was wanted may be among them
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 
 
@@ -50,6 +53,7 @@ class NewFiles:
         self.wanted = wanted
         self.woken = False
         self._fd: int | None = None
+        self._directory_fd: int | None = None  # flocked for a turn
 
     def __enter__(self) -> NewFiles:
         if _libc is None or self.directory is None:
@@ -63,14 +67,19 @@ class NewFiles:
             os.close(fd)
             return self
         self._fd = fd
+        try:
+            self._directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.debug("cannot open %s (%s): every waiter takes its turn", self.directory, exc)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._directory_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._directory_fd = None
 
     def wait(self, seconds: float) -> None:
         """Wait; afterwards :attr:`woken` tells whether a wanted file ended it (False: time ran out)."""
@@ -85,6 +94,27 @@ class NewFiles:
                 self.woken = True
                 return
 
+    @contextmanager
+    def turn(self) -> Iterator[bool]:
+        """Of the waiters woken by the same file (in every process of this host), let one act first.
+
+        Yields True to the one holding the turn, False to the others meanwhile: they can wait again
+        instead of all doing the same work at once. The turn is an advisory lock on the directory, held
+        only while acting, and freed by the kernel if its holder dies.
+        """
+        if self._directory_fd is None:
+            yield True
+            return
+        try:
+            fcntl.flock(self._directory_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(self._directory_fd, fcntl.LOCK_UN)
+
     def _created(self) -> bool:
         """Whether the pending events name a wanted file (and consume them)."""
         try:
@@ -93,9 +123,9 @@ class NewFiles:
             return False
         found, offset = False, 0
         while offset + _EVENT.size <= len(data):
-            _, _, _, length = _EVENT.unpack_from(data, offset)
+            _, mask, _, length = _EVENT.unpack_from(data, offset)
             offset += _EVENT.size
             name = data[offset : offset + length].rstrip(b"\0")
             offset += length
-            found = found or self.wanted(os.fsdecode(name))
+            found = found or bool(mask & _IN_Q_OVERFLOW) or self.wanted(os.fsdecode(name))
         return found

@@ -310,19 +310,23 @@ class FileSystemLock(TableLock):
         policy = self._policy(timeout)
         self._seen = self._waited_for = None
         self._waiting_since = time.monotonic()
-        if self._try() is _Outcome.ACQUIRED:  # a free lock needs no watch
-            return
-        # Between tries, wake as soon as a lock is released, where the storage can tell; the retry
-        # policy's pauses still bound each wait, for holders that only expiry frees.
+        # Watching from before the first try, a release between a try and the wait cannot go unnoticed.
         with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as releases:
             for _ in replace(policy, sleep=releases.wait).attempts():
-                if self._try(after_release=releases.woken) is _Outcome.ACQUIRED:
-                    return
+                if not releases.woken:
+                    if self._try() is _Outcome.ACQUIRED:
+                        return
+                    continue
+                # A release wakes every waiter of this host: one tries, and the others find the lock
+                # taken after it with two lookups, instead of all listing and racing to create it.
+                if self._overtaken():
+                    continue
+                with releases.turn() as mine:
+                    if mine and self._try() is _Outcome.ACQUIRED:
+                        return
         raise self._timeout_error(policy.deadline)
 
-    def _try(self, after_release: bool = False) -> _Outcome:
-        if after_release and self._overtaken():
-            return _Outcome.BUSY
+    def _try(self) -> _Outcome:
         outcome = self._try_acquire()
         for _ in range(_IMMEDIATE_RETRIES):
             if outcome is not _Outcome.AGAIN:
@@ -331,12 +335,8 @@ class FileSystemLock(TableLock):
         return outcome
 
     def _overtaken(self) -> bool:
-        """Whether another waiter already took the lock that follows the one we waited for.
-
-        A release wakes every waiter and all but one find the lock taken again: two lookups tell them,
-        where a listing would cost each of them more than the holder's whole turn. A holder that just
-        took the lock cannot be stale, so it needs no judging.
-        """
+        """Whether another waiter already took the lock that follows the one we waited for (a holder
+        that just took it cannot be stale: it needs no judging)."""
         if self._waited_for is None:
             return False
         following = self._waited_for + 1
