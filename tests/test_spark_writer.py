@@ -32,6 +32,7 @@ from cowrite.writer import read
 from cowrite.writer.local import LocalWriter
 from cowrite.writer.planning import SizingPolicy, assign_inserts, estimate_record_bytes
 from cowrite.writer.spark import SparkJobError, SparkWriter
+from cowrite.writer.spark import engine as engine_module
 from cowrite.writer.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.writer.spark.errors import translate
 from cowrite.writer.spark.plan import route_keys, spark_hash
@@ -227,9 +228,12 @@ def test_bulk_insert_writes_new_file_groups_sorted_by_partition(spark: Any, tmp_
 
 
 # -- the index ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("in_place", [True, False], ids=["tagged-in-place", "range-partitioned"])
 def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool
 ) -> None:
+    if not in_place:  # as for a large table: every task reading every touched file would cost too much
+        monkeypatch.setattr(engine_module, "IN_PLACE_INDEX_BYTES", -1)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = (
         create(str(tmp_path / "local"), **options),
@@ -258,7 +262,8 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
         "ts": pa.array([2, 2, 0, 2, 1], pa.int64()), "v": ["new1", "new18", "stale25", "new39", "new100"],
     })  # fmt: skip
     local.upsert(upsert)
-    instant = engine.upsert(spark.createDataFrame(upsert))
+    instant = engine.upsert(spark.createDataFrame(upsert).repartition(2))
+    assert engine.metrics.tagged_in_place is in_place
     assert snapshot(spark_table) == snapshot(local_table)
     # each updated key's file group got a new slice; no other group was touched
     stats = spark_table.commit_metadata(instant).write_stats
@@ -273,6 +278,7 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
     files_in_x = [b for b in FileSystemView.build(spark_table).latest_base_files() if b.partition == "x"]
     assert engine.metrics.index_files == len(files_in_x) > 1
     assert engine.metrics.index_files_pruned == len(files_in_x) - 1
+    assert engine.metrics.index_files_read == 1
     assert_hudi_rs_agrees(spark_table)
 
 

@@ -32,7 +32,7 @@ from ...timeline.fs_view import BaseFile, FileSystemView
 from ..file_group import FileGroupWrite
 from ..local import _planned
 from ..planning import SizingPolicy, assign_inserts
-from .tasks import BucketWrite, Segments
+from .tasks import BucketWrite, Count, Segments
 
 _MASK = 0xFFFFFFFF
 
@@ -79,16 +79,6 @@ def route_keys(count: int, tasks: int | None = None) -> list[int]:
             free[place].append(candidate)
         candidate += 1
     return [free[p].pop(0) for p in wanted]
-
-
-@dataclass(frozen=True)
-class Count:
-    """Rows one task holds of one partition path and file group (None: new records)."""
-
-    task: int
-    partition: str
-    file_id: str | None
-    rows: int
 
 
 @dataclass

@@ -176,17 +176,25 @@ def chunks(batches: Iterable[pa.RecordBatch], rows: int = CHUNK_ROWS) -> Iterato
 
 
 def rows_by(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
-    """(value, rows with that value) for each distinct value of ``column``, rows in their order."""
+    """(value, rows with that value) for each distinct value of ``column``, rows in their order.
+
+    One stable sort of the values' dictionary codes and one take: the groups are slices of the result.
+    """
     values = table.column(column)
     if table.num_rows == 0:
         return
     if values.null_count == 0 and pc.all(pc.equal(values, values[0])).as_py():
         yield values[0].as_py(), table
         return
-    positions = pa.table({"value": values, "row": pa.array(np.arange(table.num_rows), pa.int64())})
-    grouped = positions.group_by("value", use_threads=False).aggregate([("row", "list")])
-    for value, rows in zip(grouped.column("value").to_pylist(), grouped.column("row_list"), strict=True):
-        yield value, table.take(rows.values)
+    encoded = pc.dictionary_encode(values, null_encoding="encode").combine_chunks()
+    codes = encoded.indices
+    ordered = table.take(pc.sort_indices(codes))
+    sizes = np.bincount(codes.to_numpy(zero_copy_only=False), minlength=len(encoded.dictionary))
+    start = 0
+    for value, size in zip(encoded.dictionary.to_pylist(), sizes.tolist(), strict=True):
+        if size:
+            yield value, ordered.slice(start, size)
+        start += size
 
 
 def stat_to_json(stat: WriteStat) -> str:
@@ -197,13 +205,10 @@ def stat_from_json(text: str) -> WriteStat:
     return WriteStat(**json.loads(text))
 
 
-def _only_stats(schema: pa.Schema, stats: Sequence[WriteStat]) -> pa.RecordBatch:
-    """Rows of ``schema`` that carry nothing but write stats."""
+def carrying(schema: pa.Schema, texts: Sequence[str]) -> pa.RecordBatch:
+    """Rows of ``schema`` that carry nothing but ``texts`` (JSON) in ``STAT``, every other column null."""
     columns = [
-        pa.array([stat_to_json(s) for s in stats], pa.string())
-        if f.name == STAT
-        else pa.nulls(len(stats), f.type)
-        for f in schema
+        pa.array(texts, pa.string()) if f.name == STAT else pa.nulls(len(texts), f.type) for f in schema
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -213,8 +218,10 @@ def _only_stats(schema: pa.Schema, stats: Sequence[WriteStat]) -> pa.RecordBatch
 class Deduplicate:
     """One row per record key in a shuffle partition that holds every row of its keys.
 
-    Input: key, partition and ordering columns plus ``POSITION``; output: the same plus key and
-    partition path (the position stays: it finds the whole row again).
+    Input: key, partition and ordering columns plus ``POSITION``; output: the same plus key, partition
+    path and ``STAT`` (the position stays: it finds the whole row again). The task's rows of each
+    partition path are reported, with their smallest and largest key, in ``STAT`` rows
+    (:class:`KeyRange`): the driver plans from them without a pass of its own over the rows.
     """
 
     spec: TableSpec
@@ -227,7 +234,59 @@ class Deduplicate:
             return
         table = pa.concat_tables(collected).sort_by(POSITION)  # input order: ties go to the later row
         stamped = stamp(table, self.spec, self.with_paths)
-        yield from latest_per_key(stamped, stamped.column(RECORD_KEY), self.ordering).to_batches()
+        winners = latest_per_key(stamped, stamped.column(RECORD_KEY), self.ordering)
+        output = winners.append_column(STAT, pa.nulls(winners.num_rows, pa.string()))
+        yield from output.to_batches()
+        found = winners.group_by(PARTITION_PATH, use_threads=False).aggregate(
+            [(RECORD_KEY, "count"), (RECORD_KEY, "min"), (RECORD_KEY, "max")]
+        )
+        task = task_id()
+        ranges = [
+            KeyRange(task, path, rows, low, high)
+            for path, rows, low, high in zip(
+                found.column(PARTITION_PATH).to_pylist(),
+                found.column(f"{RECORD_KEY}_count").to_pylist(),
+                found.column(f"{RECORD_KEY}_min").to_pylist(),
+                found.column(f"{RECORD_KEY}_max").to_pylist(),
+                strict=True,
+            )
+        ]
+        yield carrying(output.schema, [r.to_json() for r in ranges])
+
+
+@dataclass(frozen=True)
+class Count:
+    """Rows one task holds of one partition path and file group (None: new records)."""
+
+    task: int
+    partition: str
+    file_id: str | None
+    rows: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Count:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Deduplicated rows one task holds of one partition path (None: not known yet), and their keys."""
+
+    task: int
+    partition: str | None
+    rows: int
+    low: str
+    high: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> KeyRange:
+        return cls(**json.loads(text))
 
 
 # -- the index (upsert, delete) ----------------------------------------------------------------------------
@@ -255,20 +314,22 @@ class TagRows:
     """Adds ``FILE_ID`` to a task's deduplicated rows: the file group that holds each key, null if none.
 
     The index is the local engine's (``index_keys`` over the latest base files of the row's partition,
-    then ``tag_locations``), built inside the task for the keys the task holds: rows arrive range
-    partitioned by (partition path, key), so a task sees a few partitions, and a base file whose footer
+    then ``tag_locations``), built inside the task for the keys the task holds: a base file whose footer
     key range misses the task's keys of its partition is skipped after reading its footer alone. Keys
     are read one file at a time and only the matches are kept: memory stays at one file's keys. No
-    index row crosses a shuffle.
+    index row crosses a shuffle. The task's rows per (partition path, file group) are reported in
+    ``STAT`` rows (:class:`~.plan.Count` as JSON): the driver plans from them.
 
     ``by_key_only`` (deletes without partition columns): every partition's files are candidates, the
-    key alone decides, as in the local engine.
+    key alone decides, as in the local engine. ``keep_new=False`` (deletes): rows whose key no file
+    group holds are dropped.
     """
 
     storage: StorageSpec
     files: Mapping[str, tuple[BaseFile, ...]]  # partition path -> its latest base files
-    columns: tuple[str, ...]  # output columns, in order (the input's plus FILE_ID)
+    columns: tuple[str, ...]  # output columns, in order (the input's plus FILE_ID and STAT)
     by_key_only: bool = False
+    keep_new: bool = True
     read: Any = None  # Spark accumulators: files whose keys were read, files skipped by footer
     pruned: Any = None
 
@@ -277,18 +338,44 @@ class TagRows:
         if not collected:
             return
         table = pa.concat_tables(collected)
+        schema = pa.schema(
+            [
+                table.schema.field(c) if c in table.column_names else pa.field(c, pa.string())
+                for c in self.columns
+            ]
+        )
         storage = self.storage.open()
+        counts: Counter[tuple[str, str | None]] = Counter()
+        for tagged in self._tagged(storage, table):
+            if not self.keep_new:
+                tagged = tagged.filter(pc.is_valid(tagged.column(FILE_ID)))
+            found = tagged.group_by([PARTITION_PATH, FILE_ID], use_threads=False).aggregate(
+                [([], "count_all")]
+            )
+            for path, file_id, rows in zip(
+                found.column(PARTITION_PATH).to_pylist(),
+                found.column(FILE_ID).to_pylist(),
+                found.column("count_all").to_pylist(),
+                strict=True,
+            ):
+                counts[(path, file_id)] += rows
+            output = tagged.append_column(STAT, pa.nulls(tagged.num_rows, pa.string()))
+            yield from output.select(list(self.columns)).cast(schema).to_batches()
+        task = task_id()
+        yield carrying(schema, [Count(task, p, f, n).to_json() for (p, f), n in counts.items()])
+
+    def _tagged(self, storage: Storage, table: pa.Table) -> Iterator[pa.Table]:
         if self.by_key_only:
             candidates = [f for files in self.files.values() for f in files]
             index = self._matches(storage, candidates, table.column(RECORD_KEY))
             incoming = table.drop_columns([PARTITION_PATH]).join(
                 index.select([RECORD_KEY, PARTITION_PATH]), keys=RECORD_KEY, join_type="inner"
             )
-            yield from tag_locations(incoming, index).select(list(self.columns)).to_batches()
+            yield tag_locations(incoming, index)
             return
         for partition, rows in rows_by(table, PARTITION_PATH):
             index = self._matches(storage, self.files.get(partition, ()), rows.column(RECORD_KEY))
-            yield from tag_locations(rows, index).select(list(self.columns)).to_batches()
+            yield tag_locations(rows, index)
 
     def _matches(self, storage: Storage, files: Iterable[BaseFile], keys: pa.ChunkedArray) -> pa.Table:
         """Index rows of ``files`` whose key is among ``keys``."""
@@ -495,7 +582,7 @@ class WriteInserts:
                     filled[route] += part.num_rows
                     if filled[route] == expected[route]:
                         stat = self.context.write(storage, route, pa.concat_tables(pending.pop(route)))
-                        yield _only_stats(output, [stat])
+                        yield carrying(output, [stat_to_json(stat)])
         inserts.check_complete()
 
 
