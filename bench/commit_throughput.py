@@ -11,6 +11,9 @@ imported and opened the table. Workloads:
   group of its own, so no commit may fail. Any failure is a *spurious abort* (must be 0).
 - ``overlap``: every writer upserts its own 100 keys of one shared partition seeded as a single file group,
   so concurrent commits touch the same file group; write conflicts are expected and counted.
+- ``apart`` (the largest writer count only): the disjoint workload with a table of its own per writer:
+  what the same processes do on this machine when they share nothing (no lock waits, no one else's
+  commits to check), the ceiling for ``disjoint``.
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table (if
   ``deltalake`` is importable); failed commits are counted as conflicts.
 
@@ -153,7 +156,7 @@ def cowrite_worker(
         count_storage_calls(result, type(table.storage))
         time_lock(result)
         writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
-        partition = f"p{index}" if mode == "disjoint" else "shared"
+        partition = "shared" if mode == "overlap" else f"p{index}"
         batches = [_batch(index, partition, b) for b in range(commits)]
         profiler = cProfile.Profile() if profile else None
         ready.put(index)
@@ -251,7 +254,7 @@ class Summary:
 
     @property
     def spurious(self) -> int | str:
-        if self.mode != "disjoint":
+        if self.mode == "overlap":
             return "-"
         return self.conflicts + sum(self.errors.values())
 
@@ -273,8 +276,10 @@ def run(
     engine: str, mode: str, writers: int, commits: int, root: Path, profile: bool, settings: dict[str, str]
 ) -> Summary:
     uri = str(root / f"{engine}-{mode}-{writers}")
+    uris = [f"{uri}-{i}" for i in range(writers)] if mode == "apart" else [uri] * writers
     if engine == "cowrite":
-        create_cowrite_table(uri, mode, writers)
+        for table_uri in dict.fromkeys(uris):
+            create_cowrite_table(table_uri, mode, writers)
         target = cowrite_worker
     else:
         target = delta_worker
@@ -282,7 +287,7 @@ def run(
     ready, results, go = context.Queue(), context.Queue(), context.Event()
     processes = [
         context.Process(
-            target=target, args=(uri, i, commits, mode, ready, go, results, profile and i == 0, settings)
+            target=target, args=(uris[i], i, commits, mode, ready, go, results, profile and i == 0, settings)
         )
         for i in range(writers)
     ]
@@ -392,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     summaries: list[Summary] = []
     try:
-        for mode in ("disjoint", "overlap"):
-            for writers in counts:
+        for mode, writer_counts in (("disjoint", counts), ("overlap", counts), ("apart", [max(counts)])):
+            for writers in writer_counts:
                 profile = args.profile and mode == "disjoint" and writers == max(counts)
                 summary = run("cowrite", mode, writers, commits, root, profile, settings)
                 summaries.append(summary)
@@ -415,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio = ours.rate / theirs.rate if theirs.rate else float("nan")
             print(f"  {writers} writers: {ours.rate:.1f} / {theirs.rate:.1f} = {ratio:.2f}")
 
-    top = by_key[("cowrite", "disjoint", max(counts))]
+    top, apart = by_key[("cowrite", "disjoint", max(counts))], by_key[("cowrite", "apart", max(counts))]
+    print(f"\n{max(counts)} writers sharing one table / each on its own, commits/s: {top.rate:.1f} / "
+          f"{apart.rate:.1f} = {top.rate / apart.rate if apart.rate else float('nan'):.2f}")
     print("\nwhere a cowrite write call spends its time (storage calls include the lock's own):")
     for writers in counts:
         print(storage_report(by_key[("cowrite", "disjoint", writers)]))

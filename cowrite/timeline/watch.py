@@ -15,7 +15,9 @@ import logging
 import os
 import select
 import struct
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -39,6 +41,37 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+class _PerThread(threading.local):
+    # One inotify instance per thread, kept for the thread's life: closing one makes the kernel wait for a
+    # grace period (milliseconds), which a lock waiter would otherwise pay on every acquire, holding the
+    # lock. A watch is added and removed per wait instead, which costs next to nothing.
+    fd: int | None = None
+
+
+_per_thread = _PerThread()
+
+
+def _inotify() -> int | None:
+    fd = _per_thread.fd
+    if fd is None and _libc is not None:
+        fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            log.debug("no inotify instance (%s): polling", os.strerror(ctypes.get_errno()))
+            return None
+        _per_thread.fd = fd
+        weakref.finalize(threading.current_thread(), os.close, fd)
+    return fd
+
+
+def _forget_after_fork() -> None:
+    # A forked child shares its parent's instances: it makes its own rather than steal their events.
+    global _per_thread
+    _per_thread = _PerThread()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 class NewFiles:
     """``with NewFiles(directory, wanted) as new_files: ... new_files.wait(seconds)``.
 
@@ -52,19 +85,19 @@ class NewFiles:
         self.directory = directory
         self.wanted = wanted
         self.woken = False
-        self._fd: int | None = None
+        self._fd: int | None = None  # this thread's inotify instance, while watching
+        self._watch = -1
         self._directory_fd: int | None = None  # flocked for a turn
 
     def __enter__(self) -> NewFiles:
-        if _libc is None or self.directory is None:
+        fd = _inotify() if self.directory is not None else None
+        if fd is None or self.directory is None or _libc is None:
             return self
-        fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            log.debug("no inotify for %s (%s): polling", self.directory, os.strerror(ctypes.get_errno()))
-            return self
-        if _libc.inotify_add_watch(fd, os.fsencode(self.directory), _IN_CREATE | _IN_MOVED_TO) < 0:
+        while self._read(fd):  # events of earlier watches of this thread
+            pass
+        self._watch = _libc.inotify_add_watch(fd, os.fsencode(self.directory), _IN_CREATE | _IN_MOVED_TO)
+        if self._watch < 0:
             log.debug("cannot watch %s (%s): polling", self.directory, os.strerror(ctypes.get_errno()))
-            os.close(fd)
             return self
         self._fd = fd
         try:
@@ -76,9 +109,10 @@ class NewFiles:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for fd in (self._fd, self._directory_fd):
-            if fd is not None:
-                os.close(fd)
+        if self._fd is not None and _libc is not None:
+            _libc.inotify_rm_watch(self._fd, self._watch)
+        if self._directory_fd is not None:
+            os.close(self._directory_fd)
         self._fd = self._directory_fd = None
 
     def wait(self, seconds: float) -> None:
@@ -117,15 +151,20 @@ class NewFiles:
 
     def _created(self) -> bool:
         """Whether the pending events name a wanted file (and consume them)."""
-        try:
-            data = os.read(self._fd, 64 * 1024) if self._fd is not None else b""
-        except BlockingIOError:
-            return False
         found, offset = False, 0
+        data = self._read(self._fd) if self._fd is not None else b""
         while offset + _EVENT.size <= len(data):
-            _, mask, _, length = _EVENT.unpack_from(data, offset)
+            watch, mask, _, length = _EVENT.unpack_from(data, offset)
             offset += _EVENT.size
             name = data[offset : offset + length].rstrip(b"\0")
             offset += length
-            found = found or bool(mask & _IN_Q_OVERFLOW) or self.wanted(os.fsdecode(name))
+            if mask & _IN_Q_OVERFLOW or (watch == self._watch and self.wanted(os.fsdecode(name))):
+                found = True
         return found
+
+    @staticmethod
+    def _read(fd: int) -> bytes:
+        try:
+            return os.read(fd, 64 * 1024)
+        except BlockingIOError:
+            return b""
