@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from itertools import compress
+from operator import attrgetter, itemgetter
 
 from .errors import CorruptTimelineError
 from .instant import Action, Instant, InvalidInstantError, State, check_time
@@ -63,7 +65,14 @@ def _keep_latest(latest: dict[str, Instant], instant: Instant) -> None:
 
 def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
     # One instant per time: sorting the times alone orders them, without comparing Instant objects.
-    return tuple(latest[t] for t in sorted(latest))
+    if len(latest) < 2:
+        return tuple(latest.values())
+    return itemgetter(*sorted(latest))(latest)
+
+
+# Writers look at timelines of thousands of instants under the table lock: the views below iterate in C.
+_requested_time = attrgetter("requested_time")
+_completion_time = attrgetter("completion_time")
 
 
 class Timeline:
@@ -127,11 +136,15 @@ class Timeline:
 
     @cached_property
     def _by_time(self) -> dict[str, Instant]:
-        return {i.requested_time: i for i in self._instants}
+        return dict(zip(self._times, self._instants, strict=True))
+
+    @cached_property
+    def _times(self) -> tuple[str, ...]:
+        return tuple(map(_requested_time, self._instants))
 
     @cached_property
     def requested_times(self) -> frozenset[str]:
-        return frozenset(i.requested_time for i in self._instants)
+        return frozenset(self._times)
 
     @property
     def first(self) -> Instant | None:
@@ -180,8 +193,7 @@ class Timeline:
 
     @cached_property
     def latest_completion_time(self) -> str | None:
-        times = [i.completion_time for i in self._instants if i.completion_time]
-        return max(times) if times else None
+        return max(filter(None, map(_completion_time, self._instants)), default=None)
 
     def completed_since(self, seen: frozenset[str]) -> list[Instant]:
         """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
@@ -190,7 +202,7 @@ class Timeline:
     @cached_property
     def completed_times(self) -> frozenset[str]:
         """Requested times of the completed instants."""
-        return frozenset(i.requested_time for i in self._instants if i.is_completed)
+        return frozenset(compress(self._times, map(_completion_time, self._instants)))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
+from functools import lru_cache
 
 from ..errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
 from ..heartbeat import HeartbeatPolicy, heartbeat_age
@@ -80,10 +81,17 @@ def _scan(storage: Storage) -> _LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
     for name in storage.names(LOCK_DIR):
-        match = _LOCK_FILE.fullmatch(name)
-        if match:
-            (acquired if match.group(2) == "acquired" else released).add(int(match.group(1)))
+        parsed = _parse_lock_file(name)
+        if parsed is not None:
+            (released if parsed[1] else acquired).add(parsed[0])
     return _LockFiles(frozenset(acquired), frozenset(released))
+
+
+@lru_cache(maxsize=1024)  # contenders list the same few names on every try
+def _parse_lock_file(name: str) -> tuple[int, bool] | None:
+    """(id, whether it is a release) of a lock file's name, None for any other name."""
+    match = _LOCK_FILE.fullmatch(name)
+    return (int(match.group(1)), match.group(2) == "released") if match else None
 
 
 def _acquired_at(storage: Storage, lock_id: int) -> float:
