@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -189,7 +190,8 @@ def _incoming_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
 def _finish(combined: pa.Table, instant: str, task: int, file_name: str) -> pa.Table:
     """Number the new rows, point every row at its file, put meta columns first, sort by key."""
     fresh = _incoming_mask(combined)
-    positions = pc.cast(pa.array(range(combined.num_rows), pa.int64()), pa.string())
+    # numpy's arange, not range(): converting a Python range costs a third of this function
+    positions = pc.cast(pa.array(np.arange(combined.num_rows, dtype=np.int64)), pa.string())
     numbers = pc.binary_join_element_wise(f"{instant}_{task}_", positions, "")  # f"{instant}_{task}_{i}"
     seqno = pc.if_else(fresh, numbers, combined.column(COMMIT_SEQNO))
     table = combined.set_column(combined.schema.get_field_index(COMMIT_SEQNO), COMMIT_SEQNO, seqno)
