@@ -61,6 +61,9 @@ def test_keeps_the_latest_state_per_requested_time_in_requested_order(timeline: 
     assert timeline.requested_times == frozenset({T1, T2, T3, T4, T5, T6})
     assert timeline.get(T5) == inflight(T5)
     assert timeline.get("20990101000000000") is None
+    assert timeline.last == requested(T6, Action.ROLLBACK) and Timeline(()).last is None
+    assert list(timeline.after(T4)) == LATEST[4:]
+    assert list(timeline.after("20260101115959999")) == LATEST and not timeline.after(T6)
 
 
 def test_state_views(timeline: Timeline) -> None:
@@ -150,6 +153,24 @@ def test_load_lists_instants_and_skips_stray_files(
     ):
         assert name in warned
     assert ".crc" not in warned  # checksum files are expected, not worth a warning
+
+
+def test_loading_again_sees_exactly_what_was_added_and_removed(storage: Storage) -> None:
+    def write(*instants: Instant) -> None:
+        for instant in instants:
+            storage.write(f"{TIMELINE_DIR}/{instant.file_name}", b"")
+
+    write(*FILES)
+    first = Timeline.load(storage)
+    assert Timeline.load(storage) is first  # nothing changed: the same snapshot
+    T7 = "20260101120000007"
+    write(done(T5, C[6]), requested(T7))  # T5 completes, T7 begins
+    assert list(Timeline.load(storage)) == [*LATEST[:4], done(T5, C[6]), LATEST[5], requested(T7)]
+    for instant in (requested(T3), inflight(T3), done(T3, C[5])):  # archived or rolled back
+        storage.delete(f"{TIMELINE_DIR}/{instant.file_name}")
+    write(inflight(T7))
+    assert list(Timeline.load(storage)) == [*LATEST[:2], LATEST[3], done(T5, C[6]), LATEST[5], inflight(T7)]
+    assert list(first) == LATEST  # an earlier snapshot never changes
 
 
 def test_load_of_an_empty_or_missing_timeline(storage: Storage) -> None:

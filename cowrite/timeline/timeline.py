@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import weakref
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -177,6 +178,10 @@ class Timeline:
     def data_commits(self) -> Timeline:
         """Completed instants that make base files visible (commit, replacecommit)."""
         return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
+
+    def after(self, requested_time: str) -> Timeline:
+        """The instants requested after ``requested_time`` (found by bisection: often a few of many)."""
+        return Timeline._of_sorted(self._instants[bisect_right(self._times, requested_time) :])
 
     def requested_in(self, window: InstantRange) -> Timeline:
         return Timeline._of_sorted(i for i in self._instants if i.requested_time in window)

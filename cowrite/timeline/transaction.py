@@ -271,8 +271,8 @@ class Transaction:
             )
         if any(
             self.table.rollback_plan(r).target == self.instant_time
-            for r in timeline.filter(actions=[Action.ROLLBACK])
-            if r.requested_time > self.instant_time
+            for r in timeline.after(self.instant_time)
+            if r.action is Action.ROLLBACK
         ):
             raise LeaseLostError(
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
