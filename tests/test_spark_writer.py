@@ -133,7 +133,8 @@ EXPECTED = rows(frame((1, "a", 2, "a1-v2"), (3, "b", 1, "b3"), (4, "b", 5, "b4-v
                       (8, "a", 1, "a8-tie"), (9, "e", 1, "e9"), (10, "d", 2, "d10-v2")))  # fmt: skip
 
 
-def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("routing", ["on-the-driver", "in-tasks"])
+def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path, routing: str) -> None:
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = (
         create(str(tmp_path / "local"), **options),
@@ -142,8 +143,14 @@ def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path) ->
     local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
     for operation, batch in BATCHES:
         local.write(batch, operation)
-        instant = engine.write(spark.createDataFrame(batch), operation)
+        if routing == "in-tasks":  # as for inputs too large to broadcast: routed and joined in tasks
+            spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+        try:
+            instant = engine.write(spark.createDataFrame(batch), operation)
+        finally:
+            spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
         assert instant.is_completed
+        assert engine.metrics.routed_on_driver is (routing == "on-the-driver" and operation != "insert")
         assert snapshot(spark_table) == snapshot(local_table), operation
     assert snapshot(spark_table) == EXPECTED
     assert hudi_rs.snapshot(spark_table.uri) == EXPECTED

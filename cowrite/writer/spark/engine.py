@@ -73,6 +73,7 @@ from .tasks import (
     BUCKET,
     POSITION,
     STAT,
+    TASK,
     AssignBuckets,
     Count,
     Deduplicate,
@@ -130,6 +131,7 @@ class WriteMetrics:
     file_groups: int = 0  # base files written
     routed_file_groups: int = 0  # of those, written after a shuffle
     tagged_in_place: bool = False  # tagged without a range shuffle (see SparkWriter._tag)
+    routed_on_driver: bool = False  # merge rows routed on the driver, as few as Spark would broadcast
     persisted: list[str] = field(default_factory=list)  # what the write persisted (and released)
 
 
@@ -429,20 +431,34 @@ class SparkWriter:
         )
         replaced: dict[str, tuple[str, ...]] = {}
         deduplicated = prepared.data
+        # rows Spark would broadcast to join them with the whole rows are routed on the driver: they
+        # pass through it anyway, and routing them there spares a pass of Python tasks and a job
+        on_driver: pa.Table | None = None
+        local = self.metrics.routed_on_driver = self._broadcastable(self.metrics.input_rows)
         if operation is SparkOperation.INSERT_OVERWRITE:
             replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in partitions}
             replaced = {p: ids for p, ids in replaced.items() if ids}
             view = FileSystemView(())
             tagged = deduplicated.withColumn(FILE_ID, F.lit(None).cast(StringType()))
             counts = prepared.counts  # every row is new, in the tasks that deduplicated it
+            if local:
+                on_driver = self._run("collect keys", lambda: _with_task(tagged).toArrow())
         else:
             keep_new = operation is not SparkOperation.DELETE
             tagged = self._tag(deduplicated, view, len(partitions), lookup_all, keep_new)
-            # tagging (and its index reads) runs once: counting and routing see the same tasks
-            tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
-            release.append(tagged)
-            counts = [Count.from_json(text) for text in self._run("tag and count", lambda: _carried(tagged))]
-            tagged = tagged.where(F.col(STAT).isNull()).drop(STAT)
+            if local:
+                found = self._run("tag", lambda: _with_task(tagged).toArrow())
+                carried = pc.is_valid(found.column(STAT))
+                counts = [Count.from_json(text) for text in found.column(STAT).filter(carried).to_pylist()]
+                on_driver = found.filter(pc.invert(carried)).drop_columns([STAT])
+            else:
+                # tagging (and its index reads) runs once: counting and routing see the same tasks
+                tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
+                release.append(tagged)
+                counts = [
+                    Count.from_json(text) for text in self._run("tag and count", lambda: _carried(tagged))
+                ]
+                tagged = tagged.where(F.col(STAT).isNull()).drop(STAT)
         self._index_metrics()
         transaction.check_alive()
         sizing = self._sizing(view, prepared, partitions)
@@ -461,16 +477,21 @@ class SparkWriter:
         )
         stats = []
         if plan.routed:
-            routed_schema = StructType(
-                [f for f in tagged.schema if f.name != FILE_ID] + [StructField(BUCKET, LongType(), True)]
-            )
-            routed = tagged.mapInArrow(AssignBuckets(plan.updates, plan.segments), routed_schema)
+            assign = AssignBuckets(plan.updates, plan.segments)
+            if on_driver is not None:
+                routed = self.spark.createDataFrame(assign.route_tasks(on_driver))
+            else:
+                routed_schema = StructType(
+                    [f for f in tagged.schema if f.name not in (FILE_ID, STAT)]
+                    + [StructField(BUCKET, LongType(), True)]
+                )
+                routed = tagged.mapInArrow(assign, routed_schema)
             if operation is not SparkOperation.DELETE:  # a delete needs the keys only
                 assert prepared.rows is not None
                 whole = prepared.rows.drop(
                     *[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns]
                 )
-                routed = whole.join(self._small(routed, self.metrics.input_rows), POSITION)
+                routed = whole.join(F.broadcast(routed) if local else routed, POSITION)
             written = (
                 routed.repartition(plan.write_tasks, BUCKET)
                 .groupBy(BUCKET)
@@ -569,15 +590,15 @@ class SparkWriter:
         configured = self.config.get(keys.UPSERT_SHUFFLE_PARALLELISM)
         return frame.repartition(configured if configured > 0 else input_tasks, *self.table.record_key_fields)
 
-    def _small(self, narrow: DataFrame, rows: int) -> DataFrame:
-        """``narrow`` hinted for a broadcast join when Spark would broadcast a table of its size.
+    def _broadcastable(self, rows: int) -> bool:
+        """Whether Spark would broadcast ``rows`` narrow rows (position, key, path, route) in a join.
 
         Spark cannot know the size of a Python function's output and would shuffle (and sort) every
         whole row to join them by position; narrow rows are a few dozen bytes.
         """
         threshold = self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10m"
         limit = size_in_bytes(threshold, 10 << 20)
-        return F.broadcast(narrow) if 0 <= rows * 64 <= limit else narrow
+        return 0 <= rows * 64 <= limit
 
     def _write_tasks(self) -> int:
         """At most this many tasks write routed file groups: a few per core of the cluster."""
@@ -617,6 +638,11 @@ class _LazySample:
     @property
     def num_rows(self) -> int:
         return int(self._get().num_rows)
+
+
+def _with_task(frame: DataFrame) -> DataFrame:
+    """``frame`` with the Spark task that holds each row in ``TASK``."""
+    return frame.withColumn(TASK, F.spark_partition_id())
 
 
 def _carried(frame: DataFrame) -> list[str]:

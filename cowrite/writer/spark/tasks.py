@@ -17,6 +17,7 @@ Columns of our own that travel between the stages of one write (never written to
               their whole row again by it
 ``FILE_ID``   the file group that holds the row's key (the index's answer; null for a new key)
 ``BUCKET``    the route key of the file group a row goes to (see :mod:`.plan`)
+``TASK``      the task that tagged a row, when the rows are routed on the driver
 ``STAT``      a write stat as JSON, on the rows that report a written base file
 ============  ==================================================================================
 """
@@ -52,6 +53,7 @@ from .filters import Predicate, arrow_filter
 
 POSITION = "__cowrite_position"
 BUCKET = "__cowrite_bucket"
+TASK = "__cowrite_task"
 STAT = "__cowrite_stat"
 
 
@@ -442,13 +444,33 @@ class RankedInserts:
 @dataclass(frozen=True)
 class AssignBuckets:
     """Adds ``BUCKET`` to tagged rows (dropping ``FILE_ID``): updates go to their file group, new records
-    by the segments."""
+    by the segments.
+
+    Runs in the tasks that tagged the rows, or on the driver over the rows of all those tasks (with
+    their task in ``TASK``) when they are as few as Spark would broadcast anyway.
+    """
 
     updates: Mapping[tuple[str, str], int]  # (partition path, file id) -> route key
     segments: Mapping[tuple[int, str], Segments]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        inserts = RankedInserts(self.segments, task_id())
+        for table in self.route(chunks(batches), task_id()):
+            yield from table.to_batches()
+
+    def route_tasks(self, tagged: pa.Table) -> pa.Table:
+        """All tasks' rows routed: ``tagged`` holds them with ``TASK``, in each task's order."""
+        routed = [
+            table
+            for task, rows in rows_by(tagged, TASK)
+            for table in self.route([rows.drop_columns([TASK])], task)
+        ]
+        columns = [c for c in tagged.column_names if c not in (FILE_ID, TASK)] + [BUCKET]
+        schema = pa.schema([*(tagged.schema.field(c) for c in columns[:-1]), pa.field(BUCKET, pa.int64())])
+        return pa.concat_tables(routed) if routed else schema.empty_table()
+
+    def route(self, tables: Iterable[pa.Table], task: int) -> Iterator[pa.Table]:
+        """The rows of one task, in its order, with their route key."""
+        inserts = RankedInserts(self.segments, task)
         lookup = pa.table(
             {
                 PARTITION_PATH: pa.array([p for p, _ in self.updates], pa.string()),
@@ -456,7 +478,7 @@ class AssignBuckets:
                 BUCKET: pa.array(list(self.updates.values()), pa.int64()),
             }
         )
-        for table in chunks(batches):
+        for table in tables:
             columns = [c for c in table.column_names if c != FILE_ID] + [BUCKET]
             known = pc.is_valid(table.column(FILE_ID))
             updates = table.filter(known)
@@ -464,11 +486,11 @@ class AssignBuckets:
                 routed = updates.join(lookup, keys=[PARTITION_PATH, FILE_ID], join_type="inner")
                 if routed.num_rows != updates.num_rows:
                     raise AssertionError("a tagged file group is missing from the plan")
-                yield from routed.select(columns).to_batches()
+                yield routed.select(columns)
             new = table.filter(pc.invert(known))
             for partition, rows in rows_by(new, PARTITION_PATH):
                 routes = pa.array(inserts.route(partition, rows.num_rows), pa.int64())
-                yield from rows.append_column(BUCKET, routes).select(columns).to_batches()
+                yield rows.append_column(BUCKET, routes).select(columns)
         inserts.check_complete()
 
 
