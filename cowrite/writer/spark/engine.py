@@ -75,6 +75,7 @@ from .tasks import (
     STAT,
     TASK,
     AssignBuckets,
+    AttachRoutes,
     Count,
     Deduplicate,
     KeyRange,
@@ -478,20 +479,31 @@ class SparkWriter:
         stats = []
         if plan.routed:
             assign = AssignBuckets(plan.updates, plan.segments)
+            assert prepared.rows is not None
+            whole = prepared.rows.drop(
+                *[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns]
+            )
             if on_driver is not None:
-                routed = self.spark.createDataFrame(assign.route_tasks(on_driver))
+                # the routes travel with the function that reads the whole rows: no job builds a
+                # broadcast of them, no join
+                out = StructType(
+                    [
+                        *whole.schema,
+                        StructField(RECORD_KEY, StringType(), True),
+                        StructField(PARTITION_PATH, StringType(), True),
+                        StructField(BUCKET, LongType(), True),
+                    ]
+                )
+                routes = AttachRoutes(assign.route_tasks(on_driver), tuple(out.fieldNames()))
+                routed = whole.mapInArrow(routes, out)
             else:
                 routed_schema = StructType(
                     [f for f in tagged.schema if f.name not in (FILE_ID, STAT)]
                     + [StructField(BUCKET, LongType(), True)]
                 )
                 routed = tagged.mapInArrow(assign, routed_schema)
-            if operation is not SparkOperation.DELETE:  # a delete needs the keys only
-                assert prepared.rows is not None
-                whole = prepared.rows.drop(
-                    *[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns]
-                )
-                routed = whole.join(F.broadcast(routed) if local else routed, POSITION)
+                if operation is not SparkOperation.DELETE:  # a delete needs the keys only
+                    routed = whole.join(routed, POSITION)
             written = (
                 routed.repartition(plan.write_tasks, BUCKET)
                 .groupBy(BUCKET)

@@ -494,6 +494,31 @@ class AssignBuckets:
         inserts.check_complete()
 
 
+@dataclass(frozen=True)
+class AttachRoutes:
+    """``mapInArrow`` over a merge's whole input rows (with ``POSITION``): keeps the rows the driver
+    routed (deduplication's winners) and adds their key, partition path and ``BUCKET``.
+
+    A join by position done in the tasks that read the input: the routes are few (as few as Spark would
+    broadcast), and travel with the function.
+    """
+
+    routes: pa.Table  # POSITION, RECORD_KEY, PARTITION_PATH, BUCKET of every routed row
+    columns: tuple[str, ...]  # output columns: the input's (without key and path), key, path, BUCKET
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        positions = self.routes.column(POSITION)
+        attached = [RECORD_KEY, PARTITION_PATH, BUCKET]
+        for table in chunks(batches):
+            found = pc.index_in(table.column(POSITION), value_set=positions)
+            kept = pc.is_valid(found)
+            rows = table.filter(kept).drop_columns([c for c in attached if c in table.column_names])
+            routes = self.routes.take(found.filter(kept))
+            for name in attached:
+                rows = rows.append_column(name, routes.column(name))
+            yield from rows.select(list(self.columns)).to_batches()
+
+
 # -- writing file groups -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BucketWrite:
