@@ -241,6 +241,7 @@ class Transaction:
         try:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
+            self._read_new_commits()
             self.lock.acquire()
             try:
                 completed = self._publish(metadata, revert)
@@ -259,6 +260,13 @@ class Transaction:
             log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
         log.info("committed %s on %s", completed, self.table)
         return completed
+
+    def _read_new_commits(self) -> None:
+        """Read the commits completed since begin before taking the lock (their metadata is cached):
+        under the lock, where every other writer waits, only those completed meanwhile are read."""
+        for instant in self.table.timeline().completed_since(self.begin_timeline.completed_times):
+            if instant.action.writes_data:
+                self.table.commit_metadata(instant)
 
     def _publish(self, metadata: CommitMetadata, revert: RevertClustering | None) -> Instant:
         assert self.instant is not None and self.heartbeat is not None
