@@ -8,15 +8,20 @@ runs the transaction and commits. Semantics are the local engine's (:mod:`cowrit
 Upsert, delete, insert_overwrite (the *merge* pipeline)::
 
     1 narrow rows (position, key, partition, ordering columns) ─ shuffle by key ─ stamp key and path,
-      deduplicate (latest_per_key) ─ persist; rows, smallest and largest key per partition -> driver
+      deduplicate (latest_per_key) ─ persist; each task reports its rows, smallest and largest key per
+      partition (STAT rows) -> driver
       [null keys and bad partition values fail here: nothing has begun]
     begin the transaction
-    2 range shuffle by (partition, key) ─ tag: each task reads the keys of the latest base files of its
-      partitions (footers outside its key range skipped) and joins (tag_locations) ─ persist;
-      rows per (task, partition, file group) -> driver
+    2 tag: each task reads the keys of the latest base files of its partitions (footers outside its key
+      range skipped) and looks its rows up (tag_locations) — where deduplication left them when the
+      index is small, after a range shuffle by (partition, key) otherwise; each task reports its rows
+      per (partition, file group) -> driver. Rows as few as Spark would broadcast come to the driver
+      with them; more are persisted
     plan on the driver: every file group and file name (assign_inserts for new records), .inflight
-    3 route the narrow rows (file group of the key, or by rank into the planned new ones) ─ join the
-      whole rows by position ─ shuffle: a few file groups per write task ─ write_file_group -> stats
+    3 route the narrow rows (file group of the key, or by rank into the planned new ones): on the
+      driver, the routes then travel with the function that reads the whole rows and keeps the routed
+      ones (AttachRoutes); or in the tagging tasks, joined with the whole rows by position ─ shuffle: a
+      few file groups per write task ─ write_file_group -> stats
     commit
 
 Insert, bulk_insert (the *append* pipeline)::
@@ -27,13 +32,16 @@ Insert, bulk_insert (the *append* pipeline)::
       existing small file groups are shuffled to theirs -> stats
     commit
 
-Why the design looks like this (measured on Spark 4.3, see ``bench/spark_write.py``): moving a row
-between the JVM and a Python worker costs about as much as writing it to parquet, and every Python task
-has a fixed cost. So whole rows go to Python once, to be written; the steps that only decide
-(deduplicate, tag, route) see narrow rows; inserts are written where they are; the index is read inside
-the tagging tasks instead of being shuffled; and tasks are few. Both pipelines read their input twice
-(count, then write): an input that is not cached is persisted for the write, as Hudi does, and a task
-that sees other counts than planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`).
+Why the design looks like this (measured on Spark 4.3, see ``bench/spark_write.py``): moving a row from
+the JVM to a Python worker costs about 40 % of Spark's own parquet write of it (once Spark's row-by-row
+check of the Arrow batch size is lifted, see :mod:`.batching`), and every Spark job and every Python
+task has a fixed cost (0.05-0.15 s a job on two cores). So whole rows go to Python once, to be written;
+the steps that only decide (deduplicate, tag, route) see narrow rows; inserts are written where they are;
+the index is read inside the tagging tasks instead of being shuffled; tasks report their counts in their
+own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert runs 4, an
+upsert 6. Both pipelines read their input twice (count, then write): an input that is not cached is
+persisted for the write, as Hudi does, and a task that sees other counts than planned fails the write
+cleanly (:class:`~.errors.NondeterministicInputError`).
 """
 
 from __future__ import annotations
@@ -605,8 +613,8 @@ class SparkWriter:
     def _broadcastable(self, rows: int) -> bool:
         """Whether Spark would broadcast ``rows`` narrow rows (position, key, path, route) in a join.
 
-        Spark cannot know the size of a Python function's output and would shuffle (and sort) every
-        whole row to join them by position; narrow rows are a few dozen bytes.
+        Such rows pass through the driver anyway, so they are routed there. (Spark cannot know the
+        size of a Python function's output: it is told, as narrow rows are a few dozen bytes.)
         """
         threshold = self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold") or "10m"
         limit = size_in_bytes(threshold, 10 << 20)
