@@ -17,8 +17,8 @@ must be merged with its base file in one place, are *routed*: shuffled to the ta
 Routed file groups are told apart by their *route key*, the value of the ``BUCKET`` column. Keys are
 picked so that Spark's hash partitioning (``pmod(hash(key), n)``) sends the ``i``-th routed file group
 to write task ``i mod n``: file groups are spread evenly, whatever the hash would have done to the numbers
-0, 1, ... (``n`` is at most a few times the cluster's cores: every Python task has a fixed cost, so
-a task writes several file groups when there are many).
+0, 1, ... (``n`` is at most the cluster's cores: every Python task has a fixed cost, so a task writes
+several file groups when there are many).
 """
 
 from __future__ import annotations
