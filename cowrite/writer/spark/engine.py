@@ -156,6 +156,7 @@ class _Prepared:
     sample: Callable[[], pa.Table]  # a few prepared rows, for sizing when the table has no files yet
     release: list[DataFrame] = field(default_factory=list)
     rows: DataFrame | None = None  # merge: the input's whole rows with their position
+    tasks: int = 0  # merge: the tasks that hold the deduplicated rows
 
 
 class SparkWriter:
@@ -334,12 +335,13 @@ class SparkWriter:
         paths = table.partition_fields if with_paths else ()
         narrow_columns = [*dict.fromkeys([*table.record_key_fields, *paths, *ordering]), POSITION]
         narrow = keyed.select(*narrow_columns)
+        tasks = self._key_tasks(df)
         out = StructType(
             [StructField(f.name, f.dataType, True) for f in narrow.schema]
             + [StructField(c, StringType(), True) for c in (RECORD_KEY, PARTITION_PATH, STAT)]
         )
         deduplicated = (
-            self._by_key(narrow, df.rdd.getNumPartitions())
+            self._by_key(narrow, tasks)
             .mapInArrow(Deduplicate(self.spec, ordering, with_paths), out)
             .select(POSITION, RECORD_KEY, PARTITION_PATH, STAT)
             .persist(StorageLevel.MEMORY_AND_DISK)
@@ -359,7 +361,7 @@ class SparkWriter:
             return stamp(self._run("sample", lambda: df.limit(1000).toArrow()), self.spec, with_paths)
 
         data = deduplicated.where(F.col(STAT).isNull()).drop(STAT)
-        return _Prepared(data, counts, ranges, schema, data_columns, sample, release, keyed)
+        return _Prepared(data, counts, ranges, schema, data_columns, sample, release, keyed, tasks)
 
     # -- one instant ---------------------------------------------------------------------------------
     def _write_once(self, prepared: _Prepared, operation: SparkOperation) -> Instant:
@@ -454,7 +456,7 @@ class SparkWriter:
                 on_driver = self._run("collect keys", lambda: _with_task(tagged).toArrow())
         else:
             keep_new = operation is not SparkOperation.DELETE
-            tagged = self._tag(deduplicated, view, len(partitions), lookup_all, keep_new)
+            tagged = self._tag(deduplicated, prepared.tasks, view, len(partitions), lookup_all, keep_new)
             if local:
                 found = self._run("tag", lambda: _with_task(tagged).toArrow())
                 carried = pc.is_valid(found.column(STAT))
@@ -524,6 +526,7 @@ class SparkWriter:
     def _tag(
         self,
         deduplicated: DataFrame,
+        held: int,
         view: FileSystemView,
         partitions: int,
         by_key_only: bool,
@@ -562,7 +565,6 @@ class SparkWriter:
                 StructField(STAT, StringType(), True),
             ]
         )
-        held = deduplicated.rdd.getNumPartitions()
         extra_reads = (held - 1) * sum(b.size for found in files.values() for b in found)
         if extra_reads <= IN_PLACE_INDEX_BYTES:
             self.metrics.tagged_in_place = True
@@ -601,14 +603,18 @@ class SparkWriter:
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
 
-    def _by_key(self, frame: DataFrame, input_tasks: int) -> DataFrame:
-        """Rows of one record key in one task: as many tasks as configured, else as the input has.
+    def _by_key(self, frame: DataFrame, tasks: int) -> DataFrame:
+        """Rows of one record key in one of ``tasks`` tasks (see :meth:`_key_tasks`)."""
+        return frame.repartition(tasks, *self.table.record_key_fields)
+
+    def _key_tasks(self, df: DataFrame) -> int:
+        """Tasks that deduplicate: as many as configured, else as the input has.
 
         (Adaptive execution cannot merge small shuffle partitions of a persisted plan, and every Python
         task has a fixed cost: the input's own partitioning is the best guess of its size.)
         """
         configured = self.config.get(keys.UPSERT_SHUFFLE_PARALLELISM)
-        return frame.repartition(configured if configured > 0 else input_tasks, *self.table.record_key_fields)
+        return configured if configured > 0 else df.rdd.getNumPartitions()
 
     def _broadcastable(self, rows: int) -> bool:
         """Whether Spark would broadcast ``rows`` narrow rows (position, key, path, route) in a join.
