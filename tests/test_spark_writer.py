@@ -133,8 +133,12 @@ EXPECTED = rows(frame((1, "a", 2, "a1-v2"), (3, "b", 1, "b3"), (4, "b", 5, "b4-v
                       (8, "a", 1, "a8-tie"), (9, "e", 1, "e9"), (10, "d", 2, "d10-v2")))  # fmt: skip
 
 
-@pytest.mark.parametrize("routing", ["on-the-driver", "in-tasks"])
-def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path, routing: str) -> None:
+@pytest.mark.parametrize("routing", ["held-on-the-driver", "routed-on-the-driver", "in-tasks"])
+def test_every_operation_matches_the_local_engine(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, routing: str
+) -> None:
+    if routing == "routed-on-the-driver":  # as for an input whose rows Spark does not know in advance
+        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = (
         create(str(tmp_path / "local"), **options),
@@ -150,7 +154,9 @@ def test_every_operation_matches_the_local_engine(spark: Any, tmp_path: Path, ro
         finally:
             spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
         assert instant.is_completed
-        assert engine.metrics.routed_on_driver is (routing == "on-the-driver" and operation != "insert")
+        merge = operation != "insert"
+        assert engine.metrics.routed_on_driver is (routing != "in-tasks" and merge)
+        assert engine.metrics.deduplicated_on_driver is (routing == "held-on-the-driver" and merge)
         assert snapshot(spark_table) == snapshot(local_table), operation
     assert snapshot(spark_table) == EXPECTED
     assert hudi_rs.snapshot(spark_table.uri) == EXPECTED
@@ -235,11 +241,13 @@ def test_bulk_insert_writes_new_file_groups_sorted_by_partition(spark: Any, tmp_
 
 
 # -- the index ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("in_place", [True, False], ids=["tagged-in-place", "range-partitioned"])
+@pytest.mark.parametrize("tagging", ["held-on-the-driver", "in-place", "range-partitioned"])
 def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tagging: str
 ) -> None:
-    if not in_place:  # as for a large table: every task reading every touched file would cost too much
+    if tagging != "held-on-the-driver":  # as for an input whose rows Spark does not know in advance
+        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
+    if tagging == "range-partitioned":  # as for a large table: every task reading every file costs too much
         monkeypatch.setattr(engine_module, "IN_PLACE_INDEX_BYTES", -1)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = (
@@ -270,7 +278,8 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
     })  # fmt: skip
     local.upsert(upsert)
     instant = engine.upsert(spark.createDataFrame(upsert).repartition(2))
-    assert engine.metrics.tagged_in_place is in_place
+    assert engine.metrics.deduplicated_on_driver is (tagging == "held-on-the-driver")
+    assert engine.metrics.tagged_in_place is (tagging == "in-place")
     assert snapshot(spark_table) == snapshot(local_table)
     # each updated key's file group got a new slice; no other group was touched
     stats = spark_table.commit_metadata(instant).write_stats

@@ -141,6 +141,7 @@ class WriteMetrics:
     routed_file_groups: int = 0  # of those, written after a shuffle
     tagged_in_place: bool = False  # tagged without a range shuffle (see SparkWriter._tag)
     routed_on_driver: bool = False  # merge rows routed on the driver, as few as Spark would broadcast
+    deduplicated_on_driver: bool = False  # and deduplicated rows handed to tagging by the driver
     persisted: list[str] = field(default_factory=list)  # what the write persisted (and released)
 
 
@@ -157,6 +158,7 @@ class _Prepared:
     release: list[DataFrame] = field(default_factory=list)
     rows: DataFrame | None = None  # merge: the input's whole rows with their position
     tasks: int = 0  # merge: the tasks that hold the deduplicated rows
+    local: pa.Table | None = None  # merge: the deduplicated rows (with TASK), when few: on the driver
 
 
 class SparkWriter:
@@ -344,11 +346,22 @@ class SparkWriter:
             self._by_key(narrow, tasks)
             .mapInArrow(Deduplicate(self.spec, ordering, with_paths), out)
             .select(POSITION, RECORD_KEY, PARTITION_PATH, STAT)
-            .persist(StorageLevel.MEMORY_AND_DISK)
         )
-        release.append(deduplicated)
-        self.metrics.persisted.append("deduplicated keys")
-        found = self._run("deduplicate", lambda: _carried(deduplicated))
+        local: pa.Table | None = None
+        known = _row_count(df)
+        if known is not None and self._broadcastable(known):
+            # as few rows as Spark would broadcast: they come to the driver, which hands them to the
+            # tagging tasks itself (see _tag_here) instead of persisting them
+            collected = self._run("deduplicate", _with_task(deduplicated).toArrow)
+            carried = pc.is_valid(collected.column(STAT))
+            found = collected.column(STAT).filter(carried).to_pylist()
+            local = collected.filter(pc.invert(carried)).drop_columns([STAT])
+            self.metrics.deduplicated_on_driver = True
+        else:
+            deduplicated = deduplicated.persist(StorageLevel.MEMORY_AND_DISK)
+            release.append(deduplicated)
+            self.metrics.persisted.append("deduplicated keys")
+            found = self._run("deduplicate", lambda: _carried(deduplicated))
         key_ranges = [KeyRange.from_json(text) for text in found]
         ranges: dict[str | None, tuple[int, str, str]] = {}
         for r in key_ranges:
@@ -361,7 +374,7 @@ class SparkWriter:
             return stamp(self._run("sample", lambda: df.limit(1000).toArrow()), self.spec, with_paths)
 
         data = deduplicated.where(F.col(STAT).isNull()).drop(STAT)
-        return _Prepared(data, counts, ranges, schema, data_columns, sample, release, keyed, tasks)
+        return _Prepared(data, counts, ranges, schema, data_columns, sample, release, keyed, tasks, local)
 
     # -- one instant ---------------------------------------------------------------------------------
     def _write_once(self, prepared: _Prepared, operation: SparkOperation) -> Instant:
@@ -452,8 +465,15 @@ class SparkWriter:
             view = FileSystemView(())
             tagged = deduplicated.withColumn(FILE_ID, F.lit(None).cast(StringType()))
             counts = prepared.counts  # every row is new, in the tasks that deduplicated it
-            if local:
+            if prepared.local is not None:
+                on_driver = prepared.local.append_column(
+                    FILE_ID, pa.nulls(prepared.local.num_rows, pa.string())
+                )
+            elif local:
                 on_driver = self._run("collect keys", lambda: _with_task(tagged).toArrow())
+        elif prepared.local is not None:
+            keep_new = operation is not SparkOperation.DELETE
+            counts, on_driver = self._tag_here(prepared.local, view, len(partitions), lookup_all, keep_new)
         else:
             keep_new = operation is not SparkOperation.DELETE
             tagged = self._tag(deduplicated, prepared.tasks, view, len(partitions), lookup_all, keep_new)
@@ -543,21 +563,8 @@ class SparkWriter:
         per touched partition first: a task reads the files of the few partitions it holds, and a large
         partition spans at most a few tasks.
         """
-        files: dict[str, list[Any]] = {}
-        for base in view.latest_base_files():
-            files.setdefault(base.partition, []).append(base)
-        self.metrics.index_files = sum(len(f) for f in files.values())
-        context = self.spark.sparkContext
-        self._read, self._pruned = context.accumulator(0), context.accumulator(0)
-        tagger = TagRows(
-            StorageSpec.of(self.table.storage),
-            {p: tuple(f) for p, f in files.items()},
-            (*deduplicated.columns, FILE_ID, STAT),
-            by_key_only,
-            keep_new,
-            self._read,
-            self._pruned,
-        )
+        tagger = self._tagger(view, (*deduplicated.columns, FILE_ID, STAT), by_key_only, keep_new)
+        files = tagger.files
         out = StructType(
             [
                 *deduplicated.schema,
@@ -572,6 +579,62 @@ class SparkWriter:
         tasks = max(1, min(held, partitions or 1))
         ranged = [RECORD_KEY] if by_key_only else [PARTITION_PATH, RECORD_KEY]
         return deduplicated.repartitionByRange(tasks, *ranged).mapInArrow(tagger, out)
+
+    def _tagger(
+        self, view: FileSystemView, columns: tuple[str, ...], by_key_only: bool, keep_new: bool
+    ) -> TagRows:
+        files: dict[str, list[Any]] = {}
+        for base in view.latest_base_files():
+            files.setdefault(base.partition, []).append(base)
+        self.metrics.index_files = sum(len(f) for f in files.values())
+        context = self.spark.sparkContext
+        self._read, self._pruned = context.accumulator(0), context.accumulator(0)
+        return TagRows(
+            StorageSpec.of(self.table.storage),
+            {p: tuple(f) for p, f in files.items()},
+            columns,
+            by_key_only,
+            keep_new,
+            self._read,
+            self._pruned,
+        )
+
+    def _tag_here(
+        self, rows: pa.Table, view: FileSystemView, partitions: int, by_key_only: bool, keep_new: bool
+    ) -> tuple[list[Count], pa.Table]:
+        """Counts and tagged rows (with ``TASK``) of deduplicated rows the driver holds.
+
+        The driver sorts the rows by (partition path, key) and hands each tagging task a contiguous
+        range — at most one task per core and per touched partition, no shuffle, no sampling — in a job
+        of Python tasks alone (no rows cross the JVM).
+        """
+        columns = tuple(c for c in rows.column_names if c != TASK)
+        tagger = self._tagger(view, (*columns, FILE_ID, STAT), by_key_only, keep_new)
+        order = (
+            [(RECORD_KEY, "ascending")]
+            if by_key_only
+            else [(PARTITION_PATH, "ascending"), (RECORD_KEY, "ascending")]
+        )
+        ordered = rows.select(list(columns)).sort_by(order)
+        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, partitions or 1, ordered.num_rows))
+        size = -(-ordered.num_rows // tasks)
+        ranges = [ordered.slice(start, size) for start in range(0, ordered.num_rows, size)] or [ordered]
+        found = self._run(
+            "tag",
+            lambda: self.spark.sparkContext.parallelize(ranges, len(ranges)).map(tagger.table).collect(),
+        )
+        counts: list[Count] = []
+        tagged: list[pa.Table] = []
+        for task, table in enumerate(found):
+            carried = pc.is_valid(table.column(STAT))
+            counts.extend(Count.from_json(text) for text in table.column(STAT).filter(carried).to_pylist())
+            rows_of_task = table.filter(pc.invert(carried)).drop_columns([STAT])
+            tagged.append(
+                rows_of_task.append_column(
+                    TASK, pa.repeat(pa.scalar(task, pa.int32()), rows_of_task.num_rows)
+                )
+            )
+        return counts, pa.concat_tables(tagged)
 
     def _index_metrics(self) -> None:
         if self._read is not None and self._pruned is not None:
@@ -668,6 +731,15 @@ class _LazySample:
     @property
     def num_rows(self) -> int:
         return int(self._get().num_rows)
+
+
+def _row_count(df: DataFrame) -> int | None:
+    """The rows of ``df`` if Spark knows them without a job (a cached input's statistics), else None."""
+    try:
+        count = df._jdf.queryExecution().optimizedPlan().stats().rowCount()
+        return int(str(count.get())) if count.isDefined() else None
+    except Exception:  # statistics are a hint: a plan that cannot give them gives none
+        return None
 
 
 def _with_task(frame: DataFrame) -> DataFrame:

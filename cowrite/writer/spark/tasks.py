@@ -366,6 +366,16 @@ class TagRows:
         task = task_id()
         yield carrying(schema, [Count(task, p, f, n).to_json() for (p, f), n in counts.items()])
 
+    def table(self, rows: pa.Table) -> pa.Table:
+        """The output for ``rows`` as one table (a job of Python tasks that tag ranges of rows)."""
+        schema = pa.schema(
+            [
+                rows.schema.field(c) if c in rows.column_names else pa.field(c, pa.string())
+                for c in self.columns
+            ]
+        )
+        return pa.Table.from_batches(list(self(iter(rows.to_batches()))), schema=schema)
+
     def _tagged(self, storage: Storage, table: pa.Table) -> Iterator[pa.Table]:
         if self.by_key_only:
             candidates = [f for files in self.files.values() for f in files]
