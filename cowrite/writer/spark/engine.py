@@ -9,12 +9,14 @@ Upsert, delete, insert_overwrite (the *merge* pipeline)::
 
     1 narrow rows (position, key, partition, ordering columns) ─ shuffle by key ─ stamp key and path,
       deduplicate (latest_per_key) ─ persist; each task reports its rows, smallest and largest key per
-      partition (STAT rows) -> driver
+      partition (STAT rows) -> driver. (An input Spark knows to hold as few rows as it would
+      broadcast: the deduplicated rows come to the driver instead of being persisted.)
       [null keys and bad partition values fail here: nothing has begun]
     begin the transaction
     2 tag: each task reads the keys of the latest base files of its partitions (footers outside its key
       range skipped) and looks its rows up (tag_locations) — where deduplication left them when the
-      index is small, after a range shuffle by (partition, key) otherwise; each task reports its rows
+      index is small, after a range shuffle by (partition, key) otherwise, or in ranges of (partition,
+      key) the driver hands out when it holds the rows (Python tasks alone); each task reports its rows
       per (partition, file group) -> driver. Rows as few as Spark would broadcast come to the driver
       with them; more are persisted
     plan on the driver: every file group and file name (assign_inserts for new records), .inflight
@@ -39,7 +41,7 @@ task has a fixed cost (0.05-0.15 s a job on two cores). So whole rows go to Pyth
 the steps that only decide (deduplicate, tag, route) see narrow rows; inserts are written where they are;
 the index is read inside the tagging tasks instead of being shuffled; tasks report their counts in their
 own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert runs 4, an
-upsert 6. Both pipelines read their input twice (count, then write): an input that is not cached is
+upsert 5. Both pipelines read their input twice (count, then write): an input that is not cached is
 persisted for the write, as Hudi does, and a task that sees other counts than planned fails the write
 cleanly (:class:`~.errors.NondeterministicInputError`).
 """
@@ -320,9 +322,9 @@ class SparkWriter:
     ) -> _Prepared:
         """Deduplicate the *narrow* rows: position, key, partition and ordering columns only.
 
-        Moving rows between the JVM and Python costs about as much per row as writing them, so the
-        steps that only decide (deduplicate, tag, route) see narrow rows; the whole rows of the winners
-        meet their routes in a join on the position and go to Python once, to be written.
+        Moving a row between the JVM and Python costs a good share of writing it, so the steps that
+        only decide (deduplicate, tag, route) see narrow rows; the whole rows of the winners meet their
+        routes by position and go to Python once, to be written.
         """
         table, release = self.table, []
         with_paths = operation is not SparkOperation.DELETE or all(
