@@ -172,6 +172,28 @@ def test_every_operation_matches_the_local_engine(
     assert all(r["_hoodie_commit_seqno"].startswith(r["_hoodie_commit_time"] + "_") for r in by_key.values())
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held-on-the-driver", "persisted"])
+def test_empty_inputs_write_what_the_local_engine_writes(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    if not held:
+        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
+    options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
+    local_table, spark_table = (
+        create(str(tmp_path / "local"), **options),
+        create(str(tmp_path / "spark"), **options),
+    )
+    local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
+    first = frame((1, "a", 1, "a1"), (2, "b", 1, "b2"))
+    local.insert(first)
+    engine.insert(spark.createDataFrame(first))
+    for operation in ("insert", "upsert", "delete", "insert_overwrite"):
+        local.write(frame(), operation)
+        assert engine.write(spark.createDataFrame(frame()), operation).is_completed
+        assert snapshot(spark_table) == snapshot(local_table) == rows(first), operation
+    assert_same_history(spark_table, local_table)
+
+
 def test_composite_keys_and_several_hive_style_partition_fields(spark: Any, tmp_path: Path) -> None:
     import datetime as dt
 

@@ -619,7 +619,7 @@ class SparkWriter:
         )
         ordered = rows.select(list(columns)).sort_by(order)
         tasks = max(1, min(self.spark.sparkContext.defaultParallelism, partitions or 1, ordered.num_rows))
-        size = -(-ordered.num_rows // tasks)
+        size = max(1, -(-ordered.num_rows // tasks))
         ranges = [ordered.slice(start, size) for start in range(0, ordered.num_rows, size)] or [ordered]
         found = self._run(
             "tag",
@@ -679,7 +679,7 @@ class SparkWriter:
         task has a fixed cost: the input's own partitioning is the best guess of its size.)
         """
         configured = self.config.get(keys.UPSERT_SHUFFLE_PARALLELISM)
-        return configured if configured > 0 else df.rdd.getNumPartitions()
+        return configured if configured > 0 else max(1, df.rdd.getNumPartitions())  # an empty input has none
 
     def _broadcastable(self, rows: int) -> bool:
         """Whether Spark would broadcast ``rows`` narrow rows (position, key, path, route) in a join.
