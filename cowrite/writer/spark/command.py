@@ -41,9 +41,7 @@ def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, boo
 
 def input_frame(spark: SparkSession, path: str, input_format: str | None) -> DataFrame:
     files = input_files(path)
-    if (
-        input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files))
-    ):
+    if input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files)):
         return spark.read.parquet(*(str(f) for f in files))
     return spark.createDataFrame(read_input(path, input_format))
 
