@@ -96,8 +96,8 @@ def count_storage_calls(result: WriterResult, kind: type) -> None:
 
         setattr(kind, name, counted)
 
-    for name in ("read", "write", "create_if_absent", "list", "names", "list_dirs", "walk_files", "stat", "exists",
-                 "delete", "open_input", "open_output"):
+    for name in ("read", "write", "create_if_absent", "list", "names", "list_dirs", "walk_files", "stat",
+                 "exists", "delete", "open_input", "open_output"):
         wrap(name)
 
 
