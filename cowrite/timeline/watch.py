@@ -78,7 +78,8 @@ class NewFiles:
     ``wait`` returns once a file whose name ``wanted`` accepts was created in (or renamed into)
     ``directory`` since the watch began or since the last ``wait``, or after ``seconds``. Files created
     before the watch began are not seen: look at the directory after entering, then wait. Without a
-    directory (a storage that cannot tell), ``wait`` sleeps.
+    directory (a storage that cannot tell), ``wait`` sleeps. A thread watches one directory at a time
+    (its watches share the thread's inotify instance).
     """
 
     def __init__(self, directory: str | None, wanted: Callable[[str], bool] = lambda name: True) -> None:
