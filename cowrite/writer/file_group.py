@@ -98,6 +98,15 @@ def read_base_file(
         return pq.ParquetFile(stream).read(columns=list(columns) if columns is not None else None)
 
 
+def count_rows(storage: Storage, path: str, recent: RecentFiles | None = None) -> int:
+    """The number of records in a base file (from its footer, or from the kept copy)."""
+    kept = recent.get(path) if recent is not None else None
+    if kept is not None:
+        return kept.num_rows
+    with storage.open_input(path) as stream:
+        return pq.ParquetFile(stream).metadata.num_rows
+
+
 def write_file_group(
     storage: Storage,
     work: FileGroupWrite,

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..timeline.fs_view import BaseFile, FileSystemView
 from ..timeline.storage import Storage
-from .file_group import FileGroupWrite, RecentFiles, read_base_file
+from .file_group import FileGroupWrite, RecentFiles, count_rows, read_base_file
 from .records import PARTITION_PATH, RECORD_KEY
 
 FILE_ID = "__cowrite_file_id"
@@ -154,14 +153,7 @@ def estimate_record_bytes(
     for partition in partitions:
         for group in view.in_partition(partition):
             base = group.latest
-            if base.size:
-                kept = recent.get(base.path) if recent is not None else None
-                if kept is not None:
-                    rows = kept.num_rows
-                else:
-                    with storage.open_input(base.path) as stream:
-                        rows = pq.ParquetFile(stream).metadata.num_rows
-                if rows:
-                    return base.size / rows
+            if base.size and (rows := count_rows(storage, base.path, recent)):
+                return base.size / rows
     # Parquet compresses Arrow's in-memory size by roughly this much on typical tables.
     return max(1.0, incoming.nbytes / max(incoming.num_rows, 1) / 3)
