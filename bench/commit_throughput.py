@@ -39,7 +39,9 @@ import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,35 @@ def _batch(index: int, partition: str, batch: int) -> Any:
     )
 
 
+def timed_writes(
+    result: WriterResult,
+    batches: list[Any],
+    write: Callable[[Any], object],
+    conflicts: tuple[type[BaseException], ...] = (),
+    profiler: cProfile.Profile | None = None,
+) -> None:
+    """Write every batch, recording each call's latency, the commits, conflicts and other failures (the run
+    goes on), the CPU time and the wall-clock span."""
+    result.started = time.time()
+    cpu = time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    for data in batches:
+        began = time.perf_counter()
+        try:
+            write(data)
+            result.commits += 1
+        except conflicts:
+            result.conflicts += 1
+        except Exception as exc:
+            result.errors[type(exc).__name__] += 1
+        result.latencies.append(time.perf_counter() - began)
+    if profiler is not None:
+        profiler.disable()
+    result.cpu = time.process_time() - cpu
+    result.ended = time.time()
+
+
 def cowrite_worker(
     uri: str, index: int, commits: int, mode: str, ready: Any, go: Event, results: Any, profile: bool,
     settings: dict[str, str],
@@ -161,30 +192,14 @@ def cowrite_worker(
         profiler = cProfile.Profile() if profile else None
         ready.put(index)
         go.wait()
-        result.started = time.time()
-        cpu = time.process_time()
+        timed_writes(result, batches, writer.upsert, (WriteConflictError,), profiler)
         if profiler is not None:
-            profiler.enable()
-        for data in batches:
-            began = time.perf_counter()
-            try:
-                writer.upsert(data)
-                result.commits += 1
-            except WriteConflictError:
-                result.conflicts += 1
-            except Exception as exc:  # counted and reported, the run goes on
-                result.errors[type(exc).__name__] += 1
-            result.latencies.append(time.perf_counter() - began)
-        if profiler is not None:
-            profiler.disable()
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
             stats.print_stats(35)
             out.write("\n--- by own time ---\n")
             stats.sort_stats("tottime").print_stats(20)
             result.profile = out.getvalue()
-        result.cpu = time.process_time() - cpu
-        result.ended = time.time()
     except BaseException:
         result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
         ready.put(index)
@@ -202,19 +217,8 @@ def delta_worker(
         batches = [_batch(index, f"p{index}", b) for b in range(commits)]
         ready.put(index)
         go.wait()
-        result.started = time.time()
-        cpu = time.process_time()
-        for data in batches:
-            began = time.perf_counter()
-            try:
-                write_deltalake(uri, data, mode="append", partition_by=["part"])
-                result.commits += 1
-            except Exception as exc:
-                # delta-rs retries conflicting appends itself: whatever escapes is a failed commit.
-                result.errors[type(exc).__name__] += 1
-            result.latencies.append(time.perf_counter() - began)
-        result.cpu = time.process_time() - cpu
-        result.ended = time.time()
+        # delta-rs retries conflicting appends itself: whatever escapes is a failed commit (an error)
+        timed_writes(result, batches, partial(write_deltalake, uri, mode="append", partition_by=["part"]))
     except BaseException:
         result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
         ready.put(index)
