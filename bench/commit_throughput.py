@@ -92,14 +92,14 @@ def count_storage_calls(result: WriterResult, kind: type) -> None:
             kind = _directory_kind(path)
             result.calls[f"{name} {kind}"] += 1
             result.call_seconds[f"{name} {kind}"] += time.perf_counter() - began
-            if name in ("list", "names", "walk_files", "list_dirs"):
+            if name in ("list", "names", "watched_names", "walk_files", "list_dirs"):
                 result.listed[f"{name} {kind}"].append(len(value))
             return value
 
         setattr(kind, name, counted)
 
-    for name in ("read", "write", "create_if_absent", "list", "names", "list_dirs", "walk_files", "stat",
-                 "exists", "delete", "open_input", "open_output"):
+    for name in ("read", "write", "create_if_absent", "list", "names", "watched_names", "list_dirs",
+                 "walk_files", "stat", "exists", "delete", "open_input", "open_output"):
         wrap(name)
 
 
@@ -189,7 +189,7 @@ def cowrite_worker(
         writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
         partition = "shared" if mode == "overlap" else f"p{index}"
         batches = [_batch(index, partition, b) for b in range(commits)]
-        profiler = cProfile.Profile() if profile else None
+        profiler = cProfile.Profile(time.process_time) if profile else None
         ready.put(index)
         go.wait()
         timed_writes(result, batches, writer.upsert, (WriteConflictError,), profiler)

@@ -404,7 +404,7 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     for _ in range(3):
         writer.acquire(timeout=5)
         writer.release()
-    stale_view = storage.names(LOCK_DIR)  # a contender's listing showing lock3 released
+    stale_view = storage.watched_names(LOCK_DIR)  # a contender's listing showing lock3 released
     for _ in range(8):
         writer.acquire(timeout=5)
         writer.release()
@@ -414,9 +414,9 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
 
     # The contender's first listing is the stale one; every later one is fresh.
-    real_names = storage.names
+    real_names = storage.watched_names
     views = iter([stale_view])
-    monkeypatch.setattr(storage, "names", lambda directory="": next(views, None) or real_names(directory))
+    monkeypatch.setattr(storage, "watched_names", lambda name: next(views, None) or real_names(name))
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with pytest.raises(LockTimeoutError, match="real-holder"):
         contender.acquire(timeout=0.1)

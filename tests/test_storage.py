@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from cowrite.timeline.errors import StorageError
 from cowrite.timeline.storage import Storage
+from cowrite.timeline.watch import listings
 
 RACERS = 8
 RACE_TIMEOUT = 60.0
@@ -147,6 +149,93 @@ def test_one_waiter_at_a_time_takes_the_turn_in_a_local_directory(tmp_path: Path
                 assert not theirs  # in another process it is the same: the lock is the kernel's
         with second.turn() as theirs:
             assert theirs
+
+
+def test_watched_names_are_the_names_after_every_kind_of_change(storage: Storage) -> None:
+    def check() -> None:
+        assert storage.watched_names("timeline") == frozenset(storage.names("timeline"))
+
+    assert storage.watched_names("timeline") == frozenset()  # no directory yet
+    storage.write("timeline/1.commit.requested", b"")
+    check()
+    storage.create_if_absent("timeline/1.commit", b"{}")  # through a temporary file, never listed
+    storage.write("timeline/1.commit.requested", b"x")  # replaced in place
+    check()
+    storage.delete("timeline/1.commit.requested")
+    check()
+    assert storage.watched_names("timeline") == {"1.commit"}
+    storage.delete("timeline/1.commit")
+    check()
+    assert storage.watched_names("timeline") == frozenset()
+
+
+def _create_files(directory: str, names: list[str]) -> None:
+    for name in names:
+        Path(directory, name).touch()
+
+
+def test_watched_names_see_what_another_process_created_before_the_call(tmp_path: Path) -> None:
+    storage = Storage.for_uri(str(tmp_path))
+    storage.write("timeline/0.commit", b"")
+    first = storage.watched_names("timeline")
+    names = [f"{i}.commit" for i in range(1, 50)]
+    other = multiprocessing.get_context("spawn").Process(
+        target=_create_files, args=(str(tmp_path / "timeline"), names)
+    )
+    other.start()
+    other.join(timeout=RACE_TIMEOUT)
+    assert other.exitcode == 0
+    # no wait: the kernel queued the events before the other process's calls returned
+    assert storage.watched_names("timeline") == {"0.commit", *names}
+    assert first == {"0.commit"}  # a listing handed out earlier does not change under its holder
+
+
+def test_watched_names_follow_a_directory_replaced_deleted_or_moved_away(tmp_path: Path) -> None:
+    table = tmp_path / "table"
+    storage = Storage.for_uri(str(table))
+    storage.write("timeline/1.commit", b"")
+    assert storage.watched_names("timeline") == {"1.commit"}
+    shutil.rmtree(table / "timeline")
+    assert storage.watched_names("timeline") == frozenset()
+    storage.write("timeline/2.commit", b"")
+    assert storage.watched_names("timeline") == {"2.commit"}
+    # the table moved away and a new one at its path: the old directory's events say nothing of it
+    table.rename(tmp_path / "moved")
+    storage.write("timeline/3.commit", b"")
+    assert storage.watched_names("timeline") == {"3.commit"}
+    (tmp_path / "moved" / "timeline" / "4.commit").touch()
+    assert storage.watched_names("timeline") == {"3.commit"}
+
+
+def test_watched_names_survive_lost_events(tmp_path: Path) -> None:
+    storage = Storage.for_uri(str(tmp_path))
+    storage.write("timeline/0.commit", b"")
+    storage.watched_names("timeline")
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    names = [f"{i}.commit" for i in range(1, limit + 100)]  # more events than the kernel queues
+    _create_files(str(tmp_path / "timeline"), names)
+    assert storage.watched_names("timeline") == {"0.commit", *names}
+
+
+def test_a_forked_child_keeps_its_own_listings(tmp_path: Path) -> None:
+    storage = Storage.for_uri(str(tmp_path))
+    storage.write("timeline/0.commit", b"")
+    storage.watched_names("timeline")
+
+    def child() -> None:  # sees its own change, and must not take the parent's events with it
+        storage.write("timeline/1.commit", b"")
+        assert storage.watched_names("timeline") == {"0.commit", "1.commit"}
+
+    forked = multiprocessing.get_context("fork").Process(target=child)
+    forked.start()
+    forked.join(timeout=RACE_TIMEOUT)
+    assert forked.exitcode == 0
+    assert storage.watched_names("timeline") == {"0.commit", "1.commit"}
+
+
+def test_a_directory_other_hosts_may_change_is_listed_every_time() -> None:
+    # /proc stands for any file system whose changes need not pass through this kernel (NFS, SMB, FUSE)
+    assert listings.names("/proc/self", lambda: ["listed"], lambda name: True) is None
 
 
 def test_create_if_absent_has_exactly_one_winner_among_racers(

@@ -52,7 +52,7 @@ class _Seen:
     """What a table service has already counted, so counters count each event once."""
 
     aborted: set[str] = field(default_factory=set)
-    lock_files: set[str] = field(default_factory=set)
+    lock_files: frozenset[str] = frozenset()
     garbage: dict[str, tuple[int, int]] = field(default_factory=dict)  # instant -> (files, bytes)
 
 
@@ -207,7 +207,7 @@ class TableService:
         assert self.table is not None
         if provider_name(self.table.config) != FILESYSTEM:
             return
-        names = set(self.table.storage.names(LOCK_DIR))
+        names = self.table.storage.watched_names(LOCK_DIR)
         for name in sorted(names - self.seen.lock_files):
             if initial or not name.startswith("lock"):
                 continue

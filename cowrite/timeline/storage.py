@@ -30,7 +30,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from .errors import StorageError
-from .watch import NewFiles
+from .watch import NewFiles, listings
 
 T = TypeVar("T")
 
@@ -127,6 +127,11 @@ class Storage:
         """Names of the files directly inside ``directory``, when sizes and times are not needed."""
         return [info.name for info in self.list(directory)]
 
+    def watched_names(self, directory: str) -> frozenset[str]:
+        """What :meth:`names` gives, for a directory listed again and again (the timeline, the lock
+        directory): a storage that is told of changes (local disk) keeps that listing current instead."""
+        return frozenset(self.names(directory))
+
     def new_files(self, directory: str, wanted: Callable[[str], bool] = lambda name: True) -> NewFiles:
         """A watch whose ``wait`` returns early once a file ``wanted`` accepts appears in ``directory``,
         where the storage can tell (local disk); elsewhere it sleeps."""
@@ -215,6 +220,10 @@ def _is_temp(name: str) -> bool:
     return name.rsplit("/", 1)[-1].startswith(_TEMP_PREFIX)
 
 
+def _is_not_temp(name: str) -> bool:
+    return not name.startswith(_TEMP_PREFIX)
+
+
 class LocalStorage(Storage):
     """Local disk, through the ``os`` module where fsspec's generality costs: a writer lists the timeline
     and the lock directory several times per commit, and ``os.scandir`` does that tens of times faster."""
@@ -257,6 +266,10 @@ class LocalStorage(Storage):
             return [n for n in names if not n.startswith(_TEMP_PREFIX)]
 
         return self._call(directory, scan)
+
+    def watched_names(self, directory: str) -> frozenset[str]:
+        kept = listings.names(self.full_path(directory), lambda: self.names(directory), _is_not_temp)
+        return kept if kept is not None else frozenset(self.names(directory))
 
     def new_files(self, directory: str, wanted: Callable[[str], bool] = lambda name: True) -> NewFiles:
         return NewFiles(self.full_path(directory), lambda name: not _is_temp(name) and wanted(name))

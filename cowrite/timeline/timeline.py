@@ -100,9 +100,9 @@ class Timeline:
         files are only ever added until a rollback or archival removes some: so only names the previous
         load of the same storage did not see are parsed, and a removal starts afresh.
         """
-        names = frozenset(storage.names(TIMELINE_DIR))
+        names = storage.watched_names(TIMELINE_DIR)
         previous = _loads.get(storage)
-        if previous is not None and previous.names == names:
+        if previous is not None and (previous.names is names or previous.names == names):
             return previous.timeline
         if previous is not None and previous.names <= names:
             latest, new = dict(previous.latest), names - previous.names

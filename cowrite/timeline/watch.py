@@ -1,9 +1,13 @@
-"""Waiting for a new file in a local directory, woken by the kernel (Linux inotify) instead of polling.
+"""Told by the kernel (Linux inotify) instead of asking again: new files, and the names in a directory.
 
 A writer waiting for the table lock would otherwise list ``.hoodie/locks/`` again and again: with eight
 writers on a table, either the lock sits free between their polls or their polls eat the CPU the holder
 needs. Elsewhere (no inotify, no more inotify instances left) :class:`NewFiles` simply sleeps, which is
 what a poller does.
+
+And a writer lists the timeline and the lock directory several times per commit, mostly while holding the
+table lock: :class:`Listings` lists such a directory once and then applies the changes the kernel
+reports, so a listing costs what the changes since the last one cost, not what the directory holds.
 """
 
 from __future__ import annotations
@@ -13,20 +17,31 @@ import ctypes.util
 import fcntl
 import logging
 import os
+import re
 import select
 import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 
 log = logging.getLogger(__name__)
 
-_IN_CREATE = 0x100
+_IN_MOVED_FROM = 0x40
 _IN_MOVED_TO = 0x80
+_IN_CREATE = 0x100
+_IN_DELETE = 0x200
+_IN_DELETE_SELF = 0x400
+_IN_MOVE_SELF = 0x800
 _IN_Q_OVERFLOW = 0x4000  # events were lost: whatever was wanted may be among them
+_IN_IGNORED = 0x8000  # the watch is gone (its directory was deleted, or it was removed)
+_IN_ONLYDIR = 0x01000000
+_ADDED = _IN_CREATE | _IN_MOVED_TO
+_REMOVED = _IN_DELETE | _IN_MOVED_FROM
+_GONE = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 
 
@@ -67,6 +82,7 @@ def _forget_after_fork() -> None:
     # A forked child shares its parent's instances: it makes its own rather than steal their events.
     global _per_thread
     _per_thread = _PerThread()
+    listings.__init__()  # type: ignore[misc]  # and its lock, which another thread may have held
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -169,3 +185,153 @@ class NewFiles:
             return os.read(fd, 64 * 1024)
         except BlockingIOError:
             return b""
+
+
+# File systems all of whose changes pass through this kernel. On a network file system (NFS, SMB, FUSE
+# mounts of object stores) another host changes a directory without an event here: list those each time.
+_LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
+
+
+def _file_system_type(path: str) -> str:
+    """The type of the file system ``path`` (resolved) lies on, from the mount table; "" if unknown."""
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind
+
+
+@dataclass
+class _Listing:
+    directory: str
+    watch: int
+    inode: tuple[int, int]  # (device, inode) of the directory the watch is on
+    keep: Callable[[str], bool]
+    names: set[str]
+    snapshot: frozenset[str] | None = None
+
+
+class Listings:
+    """The names in local directories, listed once and then kept current from the kernel's events.
+
+    ``names(directory, list_names, keep)`` returns what ``list_names()`` would return now, or None where
+    the kernel cannot tell of every change (no inotify, a network file system): then the caller lists.
+    No lock between processes is needed: the kernel queues the event of a change before the call that
+    made it returns, so a change another process finished before ``names`` began is among the events
+    read here. Events are applied in order onto a listing taken after its watch began, so one seen by
+    both the listing and an event comes out the same. A lost event (queue overflow), a directory deleted,
+    moved, or no longer at its path makes the next call list afresh.
+    """
+
+    MAX_DIRECTORIES = 64  # the hot directories of a few tables; the oldest watch goes beyond that
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._failed = False
+        self._by_directory: dict[str, _Listing] = {}  # oldest first
+        self._by_watch: dict[int, _Listing] = {}
+        self._local: dict[str, bool] = {}
+
+    def names(
+        self, directory: str, list_names: Callable[[], Iterable[str]], keep: Callable[[str], bool]
+    ) -> frozenset[str] | None:
+        with self._lock:
+            fd = self._instance()
+            if fd is None or not self._is_local(directory):
+                return None
+            try:
+                status = os.stat(directory)
+            except OSError:
+                return None  # missing: the caller's listing says so
+            self._apply_events(fd)
+            listing = self._by_directory.get(directory)
+            if listing is not None and listing.inode != (status.st_dev, status.st_ino):
+                self._forget(listing)  # another directory is at this path now
+                listing = None
+            if listing is None:
+                listing = self._watch(fd, directory, (status.st_dev, status.st_ino), list_names, keep)
+                if listing is None:
+                    return None
+            if listing.snapshot is None:
+                listing.snapshot = frozenset(listing.names)
+            return listing.snapshot
+
+    def _instance(self) -> int | None:
+        if self._fd is None and not self._failed and _libc is not None:
+            fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                log.debug("no inotify instance for listings (%s): listing", os.strerror(ctypes.get_errno()))
+                self._failed = True
+                return None
+            self._fd = fd
+        return self._fd
+
+    def _is_local(self, directory: str) -> bool:
+        local = self._local.get(directory)
+        if local is None:
+            local = self._local[directory] = (
+                _file_system_type(os.path.realpath(directory)) in _LOCAL_FILE_SYSTEMS
+            )
+        return local
+
+    def _watch(
+        self,
+        fd: int,
+        directory: str,
+        inode: tuple[int, int],
+        list_names: Callable[[], Iterable[str]],
+        keep: Callable[[str], bool],
+    ) -> _Listing | None:
+        assert _libc is not None
+        if len(self._by_directory) >= self.MAX_DIRECTORIES:
+            self._forget(next(iter(self._by_directory.values())))
+        mask = _ADDED | _REMOVED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+        watch = _libc.inotify_add_watch(fd, os.fsencode(directory), mask)
+        if watch < 0:
+            log.debug("cannot watch %s (%s): listing", directory, os.strerror(ctypes.get_errno()))
+            return None
+        # listed after the watch began: every change from here on arrives as an event
+        listing = _Listing(directory, watch, inode, keep, set(list_names()))
+        self._by_directory[directory] = self._by_watch[watch] = listing
+        return listing
+
+    def _forget(self, listing: _Listing) -> None:
+        assert _libc is not None and self._fd is not None
+        self._by_directory.pop(listing.directory, None)
+        if self._by_watch.pop(listing.watch, None) is not None:
+            _libc.inotify_rm_watch(self._fd, listing.watch)
+
+    def _apply_events(self, fd: int) -> None:
+        while data := NewFiles._read(fd):
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                watch, mask, _, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size
+                name = os.fsdecode(data[offset : offset + length].rstrip(b"\0"))
+                offset += length
+                if mask & _IN_Q_OVERFLOW:
+                    for lost in list(self._by_directory.values()):
+                        self._forget(lost)
+                elif (listing := self._by_watch.get(watch)) is None:
+                    continue
+                elif mask & _GONE:
+                    self._forget(listing)
+                elif mask & _ADDED and listing.keep(name):
+                    listing.names.add(name)
+                    listing.snapshot = None
+                elif mask & _REMOVED and name in listing.names:
+                    listing.names.discard(name)
+                    listing.snapshot = None
+
+
+listings = Listings()

@@ -78,9 +78,14 @@ class _LockFiles:
 
 
 def _scan(storage: Storage) -> _LockFiles:
+    return _lock_files(storage.watched_names(LOCK_DIR))
+
+
+@lru_cache(maxsize=16)  # a listing kept current is the same object until the directory changes
+def _lock_files(names: frozenset[str]) -> _LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
-    for name in storage.names(LOCK_DIR):
+    for name in names:
         parsed = _parse_lock_file(name)
         if parsed is not None:
             (released if parsed[1] else acquired).add(parsed[0])
