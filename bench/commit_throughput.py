@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/commit_throughput.py            # 1, 2, 4, 8 writers x 50 commits of 100 rows
     .venv/bin/python bench/commit_throughput.py --quick    # 1, 2, 4, 8 writers x 10 commits
-    .venv/bin/python bench/commit_throughput.py --profile  # also profile one writer of the 8 disjoint ones
+    .venv/bin/python bench/commit_throughput.py --profile  # + a CPU-time profile of one disjoint writer
 
 Each writer is a process of its own (multiprocessing "spawn"); all start together once every one has
 imported and opened the table. Workloads:
@@ -189,6 +189,8 @@ def cowrite_worker(
         writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
         partition = "shared" if mode == "overlap" else f"p{index}"
         batches = [_batch(index, partition, b) for b in range(commits)]
+        # CPU time: wall time would charge the writer's waits for the lock and for the cores to whatever
+        # call it was in
         profiler = cProfile.Profile(time.process_time) if profile else None
         ready.put(index)
         go.wait()
