@@ -9,7 +9,8 @@ readers and with hudi-rs. One SparkSession (local[2]) serves the whole run (the 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from cowrite.timeline.errors import LeaseLostError, SchemaError, StorageError
 from cowrite.timeline.fs_view import FileSystemView, list_base_files
 from cowrite.timeline.heartbeat import abort_reason
 from cowrite.timeline.instant import Action, Instant, State
+from cowrite.timeline.markers import MARKER_DIR
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import WriteOptions
 from cowrite.writer import read
@@ -362,7 +364,7 @@ def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
     sizing = SizingPolicy(target, target, record_bytes)
     rows_of = {
         b.file_id: pq.read_metadata(str(Path(spark_table.uri) / b.path)).num_rows
-        for b in list_base_files(spark_table)
+        for b in view.latest_base_files()
     }
     decided = sorted(
         rows_of[f] + n for f, base, n in assign_inserts("", 40, view, sizing) if base is not None
@@ -375,6 +377,101 @@ def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
     assert all(s.num_writes <= sizing.records_per_file for s in stats if s.prev_commit == "null")
     assert snapshot(spark_table) == snapshot(local_table) == rows(numbered(0, 75))
     assert_hudi_rs_agrees(spark_table)
+
+
+# -- appends where the records are -----------------------------------------------------------------------
+def spark_jobs(spark: Any, action: Callable[[], Any]) -> int:
+    """The Spark jobs ``action`` ran (counted by job group, as the benchmark counts them)."""
+    import uuid
+
+    context = spark.sparkContext
+    group = f"jobs-{uuid.uuid4().hex}"
+    context.setJobGroup(group, group)
+    try:
+        action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return len(context.statusTracker().getJobIdsForGroup(group))
+
+
+def test_an_insert_without_small_file_groups_to_fill_is_one_spark_job(spark: Any, tmp_path: Path) -> None:
+    table = create(str(tmp_path / "t"), partition_fields=["p"], ordering_fields=["ts"])
+    engine = SparkWriter(table, spark)
+    first = frame(*((i, "abc"[i % 3], 1, f"v{i}") for i in range(30)))
+    cached = spark.createDataFrame(first).repartition(2).cache()
+    cached.count()
+    # a cached input: Spark knows the size of its rows, and nothing is persisted or counted first
+    assert spark_jobs(spark, lambda: engine.insert(cached)) == 1
+    assert engine.metrics.persisted == [] and engine.metrics.input_rows == 30
+    (instant,) = list(table.timeline())
+    assert (instant.action, instant.state) == (Action.COMMIT, State.COMPLETED)
+    stats = table.commit_metadata(instant).write_stats
+    assert engine.metrics.file_groups == len(stats) and sorted(s.partition_path for s in stats) == sorted(
+        ["a", "b", "c"] * 2
+    )  # each task wrote its own records: one file group per task and partition
+    assert snapshot(table) == rows(first) == hudi_rs.snapshot(table.uri)
+    assert not table.storage.walk_files(MARKER_DIR) and not table.storage.walk_files(".hoodie/.heartbeat")
+    assert_stats_describe_files(table)
+    cached.unpersist()
+
+    # those file groups are small now: the next insert fills them, planned from counted rows
+    second = frame(*((i, "abc"[i % 3], 1, f"v{i}") for i in range(30, 40)))
+    assert spark_jobs(spark, lambda: engine.insert(spark.createDataFrame(second))) > 1
+    assert engine.metrics.routed_file_groups > 0
+    # bulk_insert never fills: one job, whatever the table holds (GLOBAL_SORT: a range shuffle, whose
+    # sampling and map stage are jobs of their own);
+    # an input Spark knows nothing about is sampled when the table has no files to size by, not here
+    third = frame(*((i, "abc"[i % 3], 1, f"v{i}") for i in range(40, 50)))
+    for mode, jobs in (("NONE", 1), ("PARTITION_SORT", 1), ("GLOBAL_SORT", 3)):
+        settings = {"hoodie.bulkinsert.sort.mode": mode}
+        bulk = SparkWriter(table, spark, WriteOptions(config=table.config.with_values(settings)))
+        assert spark_jobs(spark, partial(bulk.bulk_insert, spark.createDataFrame(third))) == jobs, mode
+        assert bulk.metrics.persisted == [] and bulk.metrics.routed_file_groups == 0
+    assert snapshot(table) == rows(pa.concat_tables([first, second, third, third, third]))
+    assert_stats_describe_files(table)
+    assert_hudi_rs_agrees(table)
+
+
+def test_files_of_failed_task_attempts_are_deleted_before_the_commit(spark: Any, tmp_path: Path) -> None:
+    """A task attempt that failed after writing left marked files nobody reports: the commit deletes them.
+
+    Spark runs a local[2] task once, so the failed attempt is played by the input itself: before handing
+    its rows on, each task writes them as files of the running instant, as an earlier attempt would have.
+    """
+    table = create(str(tmp_path / "t"), partition_fields=["p"])
+    uri = table.uri
+    strays = spark.sparkContext.accumulator(0)
+
+    def as_a_failed_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from cowrite.writer.spark.append import NewFileGroups
+        from cowrite.writer.spark.tasks import TableSpec
+
+        loaded = Table.load(uri)
+        running = loaded.timeline().pending().last
+        if running is None:  # the sample that sizes the batches, before the instant begins
+            yield from batches
+            return
+        attempt = NewFileGroups(
+            TableSpec.of(loaded, loaded.config),
+            running.requested_time,
+            "x",
+            ("id", "p", "ts", "v"),
+            1 << 20,
+            None,
+        )
+        held = list(batches)
+        strays.add(len(list(attempt.write(held, 0, "0-999-0"))))
+        yield from held
+
+    batch = frame(*((i, "ab"[i % 2], 1, f"v{i}") for i in range(20)))
+    df = spark.createDataFrame(batch).repartition(2)
+    instant = SparkWriter(table, spark).insert(df.mapInArrow(as_a_failed_attempt, df.schema))
+    assert strays.value >= 2  # each task left files of the instant behind
+    stats = table.commit_metadata(instant).write_stats
+    on_disk = {b.path for b in list_base_files(table)}
+    assert on_disk == {s.path for s in stats} and not any("_0-999-0_" in p for p in on_disk)
+    assert not table.storage.walk_files(MARKER_DIR)
+    assert snapshot(table) == rows(batch) == hudi_rs.snapshot(table.uri)
 
 
 # -- failures ----------------------------------------------------------------------------------------------
@@ -392,7 +489,6 @@ def test_input_errors_are_the_local_engines_and_come_before_anything_is_written(
         ("upsert", frame((1, "a", 1, "x")).drop_columns(["ts"])),
         ("upsert", pa.table({"id": pa.array([1, None], pa.int64()), "p": ["a", "a"],
                              "ts": pa.array([1, 1], pa.int64())})),
-        ("insert", pa.table({"id": [1], "p": ["metadata"], "ts": pa.array([1], pa.int64())})),
     ]  # fmt: skip
     for operation, batch in cases:
         with pytest.raises(SchemaError) as expected:
@@ -401,6 +497,48 @@ def test_input_errors_are_the_local_engines_and_come_before_anything_is_written(
             SparkWriter(spark_table, spark).write(spark.createDataFrame(batch), operation)
         assert str(found.value) == str(expected.value)
     assert list(spark_table.timeline()) == [] and list_base_files(spark_table) == []
+
+
+def test_input_errors_of_an_insert_come_from_its_tasks_and_abort_the_write(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An insert that writes where its records are has no pass before the instant to find bad rows in:
+    its tasks raise the local engine's error, and the write aborts — nothing committed, nothing left."""
+    from pyspark.sql import functions as F
+
+    local_table = create(str(tmp_path / "local"), partition_fields=["p"])
+    reserved = pa.table({"id": [1], "p": ["metadata"], "ts": pa.array([1], pa.int64())})
+    with pytest.raises(SchemaError) as expected:
+        local_writer(local_table).insert(reserved)
+    table = create(str(tmp_path / "reserved"), partition_fields=["p"])
+    with pytest.raises(SchemaError) as found:
+        SparkWriter(table, spark).insert(spark.createDataFrame(reserved))
+    assert str(found.value) == str(expected.value)
+    assert_aborted_without_a_trace(table)
+
+    # a null key in the task's third chunk of rows: base files of the first chunks are written by then
+    table = create(str(tmp_path / "null-key"), partition_fields=["p"])
+    settings = {"hoodie.parquet.max.file.size": str(256 << 10)}  # some thousand records per file
+    engine = SparkWriter(table, spark, WriteOptions(config=table.config.with_values(settings)))
+    rows_in_task = 300_000
+    data = spark.range(rows_in_task, numPartitions=1).select(
+        F.when(F.col("id") < rows_in_task - 1, F.col("id")).alias("id"),
+        (F.col("id") % 3).cast("string").alias("p"),
+        F.lit(1).cast("long").alias("ts"),
+        F.sha1(F.col("id").cast("string")).alias("v"),
+    )
+    with pytest.raises(SchemaError, match="null"):
+        engine.insert(data)
+    assert_aborted_without_a_trace(table)
+
+
+def assert_aborted_without_a_trace(table: Table) -> None:
+    """One failed instant (published as inflight, marked aborted), no base file, no marker."""
+    (instant,) = list(table.timeline())
+    assert (instant.action, instant.state) == (Action.COMMIT, State.INFLIGHT)
+    assert abort_reason(table.storage, instant.requested_time) == "error"
+    assert list_base_files(table) == [] and not table.storage.walk_files(MARKER_DIR)
+    assert snapshot(table) == [] == hudi_rs.snapshot(table.uri)
 
 
 def test_a_failed_executor_write_aborts_and_leaves_nothing_visible(spark: Any, tmp_path: Path) -> None:

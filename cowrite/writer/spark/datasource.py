@@ -65,27 +65,21 @@ from ...timeline import config as keys
 from ...timeline.commit_metadata import CommitMetadata, WriteStat
 from ...timeline.config import Config
 from ...timeline.errors import ConfigError, LeaseLostError, TableExistsError, TableNotFoundError
-from ...timeline.fs_view import FileSystemView
 from ...timeline.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from ...timeline.instant import Action, State
-from ...timeline.markers import create_marker, delete_markers, marked_files
 from ...timeline.table import Table
 from ...timeline.timeline import Timeline
 from ...timeline.transaction import Transaction, WriteOptions
-from ..file_group import FileGroupWrite, write_file_group
 from ..local import LocalWriter, Operation
-from ..planning import SizingPolicy, estimate_record_bytes, new_file_id
 from ..records import PARTITION_PATH, RECORD_KEY
 from ..schema import avro_schema
+from .append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of, task_and_token
 from .filters import Predicate, predicates
 from .reader import Scan, plan_incremental, plan_snapshot
 from .tasks import (
     ReadFiles,
     StorageSpec,
     TableSpec,
-    renew_lease,
-    rows_by,
-    stamp,
     stat_from_json,
     stat_to_json,
 )
@@ -298,18 +292,9 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
         spec=TableSpec.of(table, config),
         data_columns=tuple(data.column_names),
         commit_schema=commit_schema,
-        record_bytes=_record_bytes(table, transaction.begin_timeline),
+        record_bytes=record_bytes_of(table, transaction.begin_timeline),
         max_file_bytes=config.get(keys.PARQUET_MAX_FILE_SIZE),
     )
-
-
-def _record_bytes(table: Table, timeline: Timeline) -> float | None:
-    """Bytes per record of the newest files (from the latest commit's stats), None without any."""
-    for instant in reversed(timeline.data_commits().in_completion_order()):
-        stats = [s for s in table.commit_metadata(instant).write_stats if s.num_writes]
-        if stats:
-            return sum(s.file_size for s in stats) / sum(s.num_writes for s in stats)
-    return None
 
 
 @dataclass
@@ -325,63 +310,25 @@ class CowriteWriter(DataSourceArrowWriter):
 
     # -- on executors --------------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> CommitStats:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        task = context.partitionId() if context is not None else 0
-        token = f"{task}-{context.stageId() if context else 0}-{context.attemptNumber() if context else 0}"
-        storage = self.spec.storage.open()
         ticket = self.ticket
-        renew_lease(storage, ticket.instant, self.spec.heartbeat, ticket.owner)
-        per_file: int | None = None
-        pending: dict[str, list[pa.Table]] = {}
-        stats: list[WriteStat] = []
-
-        def flush(partition: str, rows: pa.Table) -> None:
-            work = FileGroupWrite.create(partition, new_file_id(), ticket.instant, token, None, merge=False)
-            create_marker(storage, ticket.instant, work.new_path)  # before the file: a crash leaves both
-            renew_lease(storage, ticket.instant, self.spec.heartbeat, ticket.owner)
-            incoming = rows.select([*self.data_columns, RECORD_KEY, PARTITION_PATH])
-            stats.append(
-                write_file_group(
-                    storage,
-                    work,
-                    ticket.instant,
-                    incoming,
-                    ordering=self.spec.ordering_fields,
-                    compression=self.spec.compression,
-                    task=task,
-                )
-            )
-
-        for batch in iterator:
-            table = stamp(pa.Table.from_batches([batch]), self.spec)
-            if per_file is None:
-                record_bytes = self.record_bytes or estimate_record_bytes(
-                    FileSystemView(()), storage, table, []
-                )
-                per_file = SizingPolicy(self.max_file_bytes, 0, record_bytes).records_per_file
-            for partition, rows in rows_by(table, PARTITION_PATH):
-                parts = [*pending.pop(partition, []), rows]
-                buffered = pa.concat_tables(parts)
-                while buffered.num_rows >= per_file:
-                    flush(partition, buffered.slice(0, per_file))
-                    buffered = buffered.slice(per_file)
-                if buffered.num_rows:
-                    pending[partition] = [buffered]
-        for partition, parts in sorted(pending.items()):
-            flush(partition, pa.concat_tables(parts))
-        return CommitStats(tuple(stat_to_json(s) for s in stats))
+        writer = NewFileGroups(
+            self.spec,
+            ticket.instant,
+            ticket.owner,
+            self.data_columns,
+            self.max_file_bytes,
+            self.record_bytes,
+            renew=True,
+        )
+        task, token = task_and_token()
+        return CommitStats(tuple(stat_to_json(s) for s in writer.write(iterator, task, token)))
 
     # -- on the driver -------------------------------------------------------------------------------
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         ticket = self.ticket
         table = ticket.table()
         stats = _stats(messages)
-        reported = {s.path for s in stats}
-        for path in marked_files(table.storage, ticket.instant):
-            if path not in reported:  # a failed task attempt's file
-                table.storage.delete(path)
+        delete_unreported(table.storage, ticket.instant, stats)
         metadata = CommitMetadata(ticket.operation, tuple(stats), {}, self.commit_schema)
         _adopt(table, ticket, metadata).commit(metadata)
         delete_markers(table.storage, ticket.instant)
@@ -389,12 +336,8 @@ class CowriteWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         ticket = self.ticket
         table = ticket.table()
-        doomed = set(marked_files(table.storage, ticket.instant))
-        doomed |= {s.path for s in _stats(messages) if s.path.endswith(f"_{ticket.instant}.parquet")}
         Heartbeat(table.storage, ticket.instant, ticket.policy, ticket.owner).mark_aborted("error")
-        for path in sorted(doomed):
-            table.storage.delete(path)
-        delete_markers(table.storage, ticket.instant)
+        discard(table.storage, ticket.instant, _stats(messages))
 
 
 def _stats(messages: Sequence[WriterCommitMessage | None]) -> list[WriteStat]:

@@ -67,15 +67,16 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from ...timeline import config as keys
 from ...timeline.commit_metadata import CommitMetadata
-from ...timeline.errors import ConfigError, CowriteError
+from ...timeline.errors import CommitStateUnknownError, ConfigError, CowriteError
 from ...timeline.fs_view import FileSystemView
 from ...timeline.instant import Action, Instant
 from ...timeline.table import Table
 from ...timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from ..local import LocalWriter, Operation, _latest_schema
-from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
+from ..planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
 from ..records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
 from ..schema import avro_schema
+from .append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of
 from .batching import ARROW_BYTES_PER_PARQUET_BYTE, ArrowBatches, size_in_bytes
 from .errors import translate
 from .plan import SparkPlan, plan_append, plan_merge
@@ -220,6 +221,13 @@ class SparkWriter:
         schema, data_columns = self._validate(df, operation)
         prepared = None
         with ArrowBatches(self.spark) as self._batches:
+            if operation.appends:
+                in_place = self._in_place(operation)
+                if in_place is not None:
+                    return retry_on_conflict(
+                        self.config,
+                        lambda: self._append_in_place(df, operation, schema, data_columns, in_place.value),
+                    )
             try:
                 ready = prepared = self._prepare(df, operation, schema, data_columns)
                 return retry_on_conflict(self.config, lambda: self._write_once(ready, operation))
@@ -237,6 +245,116 @@ class SparkWriter:
         schema = "" if operation is SparkOperation.DELETE else avro_schema(data.schema, self.table.name)
         return schema, tuple(data.column_names)
 
+    # -- appends where the records are (one job) ------------------------------------------------------
+    def _in_place(self, operation: SparkOperation) -> _RecordBytes | None:
+        """Whether the append writes new file groups where its records are (:mod:`.append`), and the
+        bytes per record of the table's files when that is known (else None inside).
+
+        A bulk_insert always does; an insert does when no partition of the table holds a small file
+        group it would fill — to know that without a pass over the input, every partition's files are
+        listed (a fresh table has none). Otherwise (None) the insert is planned from counted rows.
+        """
+        table = self.table
+        if operation is SparkOperation.BULK_INSERT:
+            return _RecordBytes(record_bytes_of(table, table.timeline()))
+        small_file_bytes = self.config.get(keys.PARQUET_SMALL_FILE_LIMIT)
+        if small_file_bytes <= 0:
+            return _RecordBytes(record_bytes_of(table, table.timeline()))
+        view = FileSystemView.build(table, table.timeline())
+        if not view.groups:
+            return _RecordBytes(None)
+        partitions = sorted(view.partitions)
+        record_bytes = estimate_record_bytes(view, table.storage, pa.table({}), partitions)
+        sizing = SizingPolicy(self.config.get(keys.PARQUET_MAX_FILE_SIZE), small_file_bytes, record_bytes)
+        for partition in partitions:
+            if assign_inserts(partition, 1, view, sizing)[0][1] is not None:
+                return None  # a small file group to fill
+        return _RecordBytes(record_bytes)
+
+    def _append_in_place(
+        self,
+        df: DataFrame,
+        operation: SparkOperation,
+        schema: str,
+        data_columns: tuple[str, ...],
+        record_bytes: float | None,
+    ) -> Instant:
+        """One instant, one Spark job: each task stamps its records and writes them as new file groups
+        (:class:`~.append.NewFileGroups`); the driver deletes the files of failed task attempts and
+        commits. Input errors (null keys, bad partition values) fail the job: the write aborts and its
+        marked files are deleted.
+        """
+        table = self.table
+        data, sort = self._sorted_for_bulk_insert(df, operation)
+        self._fit_batches(df, record_bytes)
+        transaction = Transaction.begin(table, operation.value, operation.action, self.options)
+        instant = transaction.instant_time
+        stats: list[Any] = []
+        try:
+            # no file is known before the tasks write: the plan names none, the markers name them all
+            transaction.plan(self._metadata(operation, (), {}, schema))
+            writer = NewFileGroups(
+                self.spec,
+                instant,
+                transaction.holder.owner,
+                data_columns,
+                self.config.get(keys.PARQUET_MAX_FILE_SIZE),
+                record_bytes,
+                sorted_by_partition=sort,
+            )
+            written = self._run("write", lambda: data.mapInArrow(writer, f"{STAT} string").collect())
+            stats = [stat_from_json(r[0]) for r in written]
+            delete_unreported(table.storage, instant, stats)
+            transaction.check_alive()
+        except BaseException as exc:
+            transaction.abort(exc)
+            _discard(table, instant, stats)
+            raise
+        self.metrics.input_rows = sum(s.num_writes for s in stats)
+        self.metrics.file_groups = len(stats)
+        try:
+            done = transaction.commit(self._metadata(operation, stats, {}, schema))
+        except CommitStateUnknownError:
+            raise  # the files may be committed: only a look at the timeline can tell
+        except BaseException:
+            _discard(table, instant, stats)
+            raise
+        delete_markers(table.storage, instant)
+        return done
+
+    def _sorted_for_bulk_insert(self, df: DataFrame, operation: SparkOperation) -> tuple[DataFrame, bool]:
+        """``df`` as the bulk_insert sort mode wants it, and whether each task's rows come by partition.
+
+        GLOBAL_SORT: range partitioned by (partition, key) into the configured tasks, PARTITION_SORT:
+        sorted within the tasks by partition; either way a task finishes one partition's files before
+        the next partition's rows come.
+        """
+        table = self.table
+        if operation is not SparkOperation.BULK_INSERT:
+            return df, False
+        mode = self.config.get(keys.BULKINSERT_SORT_MODE).upper()
+        if mode not in SORT_MODES:
+            raise ConfigError(f"{keys.BULKINSERT_SORT_MODE.key}={mode}: use one of {', '.join(SORT_MODES)}")
+        data = df
+        if mode == "GLOBAL_SORT":
+            parallelism = self._parallelism(keys.BULKINSERT_SHUFFLE_PARALLELISM)
+            data = data.repartitionByRange(parallelism, *table.partition_fields, *table.record_key_fields)
+        sort = mode != "NONE" and bool(table.partition_fields)
+        return (data.sortWithinPartitions(*table.partition_fields) if sort else data), sort
+
+    def _fit_batches(self, df: DataFrame, record_bytes: float | None) -> None:
+        """Arrow batches fitted to the rows' size: from the table's files, else from what Spark knows of
+        a cached input, else from a sample of the input (a small job; only a table without files and an
+        input Spark does not hold can need it)."""
+        if record_bytes is not None:
+            self._batches.fit(record_bytes * ARROW_BYTES_PER_PARQUET_BYTE)
+            return
+        in_memory = _bytes_per_row(df)
+        if in_memory is None:
+            sample = stamp(self._run("sample", lambda: df.limit(1000).toArrow()), self.spec)
+            in_memory = sample.nbytes / max(sample.num_rows, 1)
+        self._batches.fit(in_memory)
+
     # -- before the instant --------------------------------------------------------------------------
     def _prepare(
         self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
@@ -248,33 +366,19 @@ class SparkWriter:
     def _prepare_append(
         self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
     ) -> _Prepared:
-        table, release = self.table, []
-        data, sort = df, False
-        global_sort = False
-        if operation is SparkOperation.BULK_INSERT:
-            mode = self.config.get(keys.BULKINSERT_SORT_MODE).upper()
-            if mode not in SORT_MODES:
-                raise ConfigError(
-                    f"{keys.BULKINSERT_SORT_MODE.key}={mode}: use one of {', '.join(SORT_MODES)}"
-                )
-            global_sort = mode == "GLOBAL_SORT"
-            sort = mode != "NONE" and bool(table.partition_fields)
-        if global_sort:
-            parallelism = self._parallelism(keys.BULKINSERT_SHUFFLE_PARALLELISM)
-            data = data.repartitionByRange(parallelism, *table.partition_fields, *table.record_key_fields)
-        if global_sort or not _is_persisted(data):
+        """An insert that fills small file groups: its rows per task and partition are counted first."""
+        release = []
+        data = df
+        if not _is_persisted(data):
             # counting and writing must see the same rows in the same tasks
             data = data.persist(StorageLevel.MEMORY_AND_DISK)
             release.append(data)
             self.metrics.persisted.append("input")
-        counted = data
-        if sort:  # a sort within tasks keeps their rows: the counts stay valid
-            data = data.sortWithinPartitions(*table.partition_fields)
-        counts = self._count_inserts(counted)
+        counts = self._count_inserts(data)
         self.metrics.input_rows = sum(c.rows for c in counts)
 
         def sample() -> pa.Table:
-            return stamp(self._run("sample", lambda: counted.limit(1000).toArrow()), self.spec)
+            return stamp(self._run("sample", lambda: data.limit(1000).toArrow()), self.spec)
 
         return _Prepared(data, counts, {}, schema, data_columns, sample, release)
 
@@ -412,14 +516,9 @@ class SparkWriter:
         self, transaction: Transaction, prepared: _Prepared, operation: SparkOperation
     ) -> CommitMetadata:
         partitions = sorted({c.partition for c in prepared.counts})
-        fill = operation is SparkOperation.INSERT
-        view = (
-            FileSystemView.build(self.table, transaction.begin_timeline, partitions=partitions)
-            if fill
-            else FileSystemView(())
-        )
+        view = FileSystemView.build(self.table, transaction.begin_timeline, partitions=partitions)
         sizing = self._sizing(view, prepared, partitions)
-        plan = plan_append(transaction.instant_time, prepared.counts, view, sizing, fill, self._write_tasks())
+        plan = plan_append(transaction.instant_time, prepared.counts, view, sizing, True, self._write_tasks())
         transaction.plan(self._metadata(operation, plan.planned_stats(), {}, prepared.schema))
         context = WriteContext(self.spec, transaction.instant_time, plan.buckets, prepared.data_columns)
         data = prepared.data
@@ -712,6 +811,34 @@ class SparkWriter:
             result = job()
         log.debug("%s on %s: %.2f s", name, self.table.name, time.monotonic() - started)
         return result
+
+
+@dataclass(frozen=True)
+class _RecordBytes:
+    """Bytes per record in a base file of the table, None when it has no files to tell."""
+
+    value: float | None
+
+
+def _discard(table: Table, instant: str, stats: Sequence[Any]) -> None:
+    """The marked files of a failed write, deleted; what cannot be deleted now the rollback finds."""
+    try:
+        discard(table.storage, instant, stats)
+    except CowriteError as exc:
+        log.warning("could not delete the files of failed instant %s of %s: %s", instant, table.name, exc)
+
+
+def _bytes_per_row(df: DataFrame) -> float | None:
+    """Bytes per row of ``df`` in memory if Spark knows them without a job (a cached input), else None."""
+    try:
+        stats = df._jdf.queryExecution().optimizedPlan().stats()
+        count = stats.rowCount()
+        if not count.isDefined():
+            return None
+        rows = int(str(count.get()))
+        return int(str(stats.sizeInBytes())) / rows if rows > 0 else None
+    except Exception:  # statistics are a hint: a plan that cannot give them gives none
+        return None
 
 
 class _LazySample:
