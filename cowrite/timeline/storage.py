@@ -228,12 +228,20 @@ class LocalStorage(Storage):
     """Local disk, through the ``os`` module where fsspec's generality costs: a writer lists the timeline
     and the lock directory several times per commit, and ``os.scandir`` does that tens of times faster."""
 
-    def _temp_beside(self, target: str, data: bytes) -> str:
+    def _temp_for(self, target: str, data: bytes) -> str:
+        """A temporary file holding ``data``, on the same file system as ``target``, to link or move there.
+
+        It is made one directory up where that is still inside the root: writers watch the timeline and
+        lock directories (:meth:`watched_names`, :meth:`new_files`), and there a write then shows as
+        one change, its final name appearing, instead of three.
+        """
         # No fsync: a process that dies loses nothing the kernel has, and an fsync of the file without
         # one of its directory would not make the new name durable anyway. Like Hudi and Delta on a
         # local file system, a crash of the machine itself may lose the last instants written.
         directory = os.path.dirname(target)
         os.makedirs(directory, exist_ok=True)
+        if directory != self.root:
+            directory = os.path.dirname(directory)
         temp = os.path.join(directory, f"{_TEMP_PREFIX}{uuid.uuid4().hex}")
         with open(temp, "wb") as stream:
             stream.write(data)
@@ -311,7 +319,7 @@ class LocalStorage(Storage):
         target = self.full_path(path)
 
         def replace() -> None:
-            os.replace(self._temp_beside(target, data), target)
+            os.replace(self._temp_for(target, data), target)
 
         self._call(path, replace)
 
@@ -332,7 +340,7 @@ class LocalStorage(Storage):
         def link() -> bool:
             if os.path.lexists(target):  # lost already: no temporary file to write (racers for a lock)
                 return False
-            temp = self._temp_beside(target, data)
+            temp = self._temp_for(target, data)
             try:
                 os.link(temp, target)
                 return True
