@@ -30,7 +30,8 @@ How one write commits, across the processes Spark uses:
    rollback still finds.
 3. ``commit`` (another driver-side process) takes over the instant (``Transaction.adopt``) if its
    lease is still live, deletes files of failed task attempts (marked but not reported), publishes the
-   plan and commits; ``abort`` deletes every marked file and marks the instant failed.
+   plan and commits; ``abort`` deletes every marked file and marks the instant failed. The tasks' writer
+   and the driver's cleanup are :mod:`.append`'s, shared with ``SparkWriter``'s inserts.
 
 Reads return Hudi's meta columns (as Hudi's data source does). Partition pruning takes its filters
 from the ``cowrite.read.filters`` option (JSON), not from Spark's filter pushdown (``pushFilters``):

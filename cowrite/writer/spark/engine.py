@@ -1,9 +1,9 @@
 """The Spark engine: writes a Spark DataFrame into a table as one instant.
 
 Executors do the data work — keys, deduplication, the index, merging and writing base files with
-pyarrow through the storage layer — and return write stats; the driver only plans (from row counts),
-runs the transaction and commits. Semantics are the local engine's (:mod:`cowrite.writer.local`), plus
-``bulk_insert``. The Spark jobs of a write:
+pyarrow through the storage layer — and return write stats; the driver plans (from row counts) the
+writes that need a plan, runs the transaction and commits. Semantics are the local engine's
+(:mod:`cowrite.writer.local`), plus ``bulk_insert``. The Spark jobs of a write:
 
 Upsert, delete, insert_overwrite (the *merge* pipeline)::
 
@@ -26,8 +26,17 @@ Upsert, delete, insert_overwrite (the *merge* pipeline)::
       few file groups per write task ─ write_file_group -> stats
     commit
 
-Insert, bulk_insert (the *append* pipeline)::
+Insert, bulk_insert (the *append* pipelines)::
 
+    where the records are (bulk_insert; an insert when no partition of the table holds a small file
+    group to fill — a new table, or files at the target size; see :mod:`.append`):
+    begin, .inflight (no file named: the markers name them)
+    1 each task stamps keys and paths and writes its records as new file groups of the target size,
+      a marker before each base file -> stats  [null keys and bad partition values fail here: the
+      write aborts and deletes every marked file]
+    delete the marked files no task reported (failed attempts), commit, delete the markers
+
+    planned (an insert that fills small file groups):
     1 rows per (task, partition) and null keys, counted by Spark alone -> driver
     begin, plan, .inflight
     2 each task writes the new file groups of its own records (no shuffle); only the records that fill
@@ -40,10 +49,17 @@ check of the Arrow batch size is lifted, see :mod:`.batching`), and every Spark 
 task has a fixed cost (0.05-0.15 s a job on two cores). So whole rows go to Python once, to be written;
 the steps that only decide (deduplicate, tag, route) see narrow rows; inserts are written where they are;
 the index is read inside the tagging tasks instead of being shuffled; tasks report their counts in their
-own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert runs 4, an
-upsert 5. Both pipelines read their input twice (count, then write): an input that is not cached is
-persisted for the write, as Hudi does, and a task that sees other counts than planned fails the write
-cleanly (:class:`~.errors.NondeterministicInputError`).
+own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert where its
+records are runs 1 (plus a 1000-row sample when neither the table's files nor Spark's statistics of a
+cached input tell the size of a row; plus the range shuffle of bulk_insert's GLOBAL_SORT), a planned
+insert 4, an upsert 5. The planned insert and the merge pipeline read their input twice (count, then
+write): an input that is not cached is persisted for the write, as Hudi does, and a task that sees other
+counts than planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`). An insert
+where its records are reads its input once: nothing is persisted.
+
+To know that no partition holds a small file group, the insert lists the files of every partition of
+the table (those its input touches are unknown before a pass over it): one listing, against the count
+job and the persist of the input that the planned path costs.
 """
 
 from __future__ import annotations
