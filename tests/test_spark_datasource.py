@@ -149,6 +149,24 @@ def test_markers_let_the_rollback_delete_the_files_of_a_crashed_data_source_writ
     assert rows(read.snapshot(table)) == [] == hudi_rs.snapshot(path)
 
 
+def test_the_commit_deletes_the_files_of_failed_task_attempts(spark: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "orders")
+    begin(spark, path).commit([])
+    table = Table.load(path)
+    writer = begin(spark, path)
+    failed = writer.write(iter(FIRST.to_batches()))  # an attempt that wrote its files, then failed
+    retried = writer.write(iter(FIRST.to_batches()))  # the attempt Spark ran again: its message counts
+    leftovers = {stat_from_json(text).path for text in failed.stats}
+    assert leftovers and all(table.storage.exists(f) for f in leftovers)
+    writer.commit([retried])
+    instant = table.timeline().data_commits().in_completion_order()[-1]
+    assert instant.requested_time == writer.ticket.instant
+    reported = {s.path for s in table.commit_metadata(instant).write_stats}
+    assert {b.path for b in list_base_files(table)} == reported and not reported & leftovers
+    assert not table.storage.walk_files(MARKER_DIR)
+    assert rows(read.snapshot(table)) == rows(FIRST) == hudi_rs.snapshot(path)
+
+
 def test_abort_deletes_marked_files_and_a_stale_lease_is_not_committed(spark: Any, tmp_path: Path) -> None:
     path = str(tmp_path / "orders")
     begin(spark, path).commit([])
