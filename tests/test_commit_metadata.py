@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
+from cowrite.timeline.commit_metadata import _SCHEMAS, CommitMetadata, WriteStat
 from cowrite.timeline.errors import CorruptTimelineError
 from cowrite.timeline.instant import Action
 
@@ -115,6 +115,34 @@ def test_a_reader_with_only_the_fields_it_needs_reads_a_commit() -> None:
     }
     records = list(fastavro.reader(io.BytesIO(COMMIT.to_bytes(Action.COMMIT)), reader_schema))
     assert records == [{"operationType": "upsert"}]
+
+
+@pytest.mark.parametrize("action", [Action.COMMIT, Action.REPLACE_COMMIT])
+def test_the_bytes_are_what_fastavro_writes(action: Action) -> None:
+    data = REPLACE.to_bytes(action)
+    _, record = avro_record(data)
+    expected = io.BytesIO()
+    fastavro.writer(expected, _SCHEMAS[action], [record], sync_marker=data[-16:])  # the file's own marker
+    assert data == expected.getvalue()
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate"])
+def test_a_commit_another_writer_wrote_in_several_blocks_reads_the_same(codec: str) -> None:
+    _, record = avro_record(COMMIT.to_bytes(Action.COMMIT))
+    other = io.BytesIO()
+    fastavro.writer(other, _SCHEMAS[Action.COMMIT], [record], codec=codec, sync_interval=1)
+    assert CommitMetadata.from_bytes(other.getvalue(), "x.commit") == COMMIT
+    two = io.BytesIO()
+    fastavro.writer(two, _SCHEMAS[Action.COMMIT], [record, record], codec=codec, sync_interval=1)
+    with pytest.raises(CorruptTimelineError, match="expected one commit record, found 2"):
+        CommitMetadata.from_bytes(two.getvalue(), "x.commit")
+
+
+def test_a_block_from_another_file_raises_corrupt_timeline() -> None:
+    first, second = COMMIT.to_bytes(Action.COMMIT), COMMIT.to_bytes(Action.COMMIT)
+    spliced = first[: len(first) - 16] + second[-16:]  # the same record, another file's sync marker
+    with pytest.raises(CorruptTimelineError, match="sync marker"):
+        CommitMetadata.from_bytes(spliced, "x.commit")
 
 
 @pytest.mark.parametrize("cut", [0, 3, 10, 40, -40, -17, -16, -8, -1])

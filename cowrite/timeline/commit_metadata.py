@@ -9,13 +9,13 @@ empty, so every base file written must appear here.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import fastavro
 
+from .avro import read_container, write_container
 from .errors import CorruptTimelineError
 from .instant import Action
 
@@ -175,9 +175,7 @@ class CommitMetadata:
         }
         if action is Action.REPLACE_COMMIT:
             record["partitionToReplaceFileIds"] = {p: list(ids) for p, ids in self.replaced_file_ids.items()}
-        buffer = io.BytesIO()
-        fastavro.writer(buffer, _SCHEMAS[action], [record])
-        return buffer.getvalue()
+        return write_container(_SCHEMAS[action], [record])
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> CommitMetadata:
@@ -187,8 +185,7 @@ class CommitMetadata:
         file written with another schema is refused rather than read as nonsense.
         """
         try:
-            # reading every block makes fastavro check the sync markers: a cut file does not pass
-            records = list(fastavro.reader(io.BytesIO(data)))
+            records = read_container(data)
             if len(records) != 1:
                 raise CorruptTimelineError(path, f"expected one commit record, found {len(records)}")
             record = _typed(records[0], dict, "the commit record")

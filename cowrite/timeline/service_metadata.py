@@ -7,13 +7,13 @@ anything is deleted: a crashed service finds its plan there and finishes the sam
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import fastavro
 
+from .avro import read_container, write_container
 from .errors import CorruptTimelineError
 
 _NAMESPACE = "org.apache.hudi.avro.model"
@@ -80,14 +80,12 @@ _CLEAN_METADATA = _record(
 
 
 def _encode(schema: Any, record: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    fastavro.writer(buffer, schema, [record])
-    return buffer.getvalue()
+    return write_container(schema, [record])
 
 
 def _decode(data: bytes, path: str) -> dict[str, Any]:
     try:
-        records = list(fastavro.reader(io.BytesIO(data)))
+        records = read_container(data)
     except Exception as exc:  # fastavro raises many kinds on garbage
         raise CorruptTimelineError(path, f"not a readable Avro record ({exc})") from None
     if len(records) != 1 or not isinstance(records[0], dict):
