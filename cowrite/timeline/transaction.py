@@ -242,9 +242,10 @@ class Transaction:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
             self._read_new_commits()
+            payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
             self.lock.acquire()
             try:
-                completed = self._publish(metadata, revert)
+                completed = self._publish(metadata, payload, revert)
             finally:
                 self._release_lock()
         except CommitStateUnknownError:
@@ -268,7 +269,7 @@ class Transaction:
             if instant.action.writes_data:
                 self.table.commit_metadata(instant)
 
-    def _publish(self, metadata: CommitMetadata, revert: RevertClustering | None) -> Instant:
+    def _publish(self, metadata: CommitMetadata, payload: bytes, revert: RevertClustering | None) -> Instant:
         assert self.instant is not None and self.heartbeat is not None
         timeline = self.table.timeline()
         mine = timeline.get(self.instant_time)
@@ -292,9 +293,7 @@ class Transaction:
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
         try:
-            created = self.table.storage.create_if_absent(
-                self.table.instant_path(done), metadata.to_bytes(self.action)
-            )
+            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
