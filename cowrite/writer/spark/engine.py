@@ -225,9 +225,11 @@ class SparkWriter:
     def write(self, df: DataFrame, operation: SparkOperation | str) -> Instant:
         """Write ``df`` as one instant; on a conflict retry as configured, each time a new instant.
 
-        Raises the local engine's :class:`SchemaError` for input that does not fit the table before
-        anything is written, the transaction's errors at commit, and :class:`SparkJobError` when a Spark
-        job fails for another reason; in every failure case nothing was committed.
+        Raises the local engine's :class:`SchemaError` for input that does not fit the table — before
+        anything is written, except for the null keys and bad partition values of an append written
+        where its records are, which its tasks find (the write then aborts and deletes what it wrote) —,
+        the transaction's errors at commit, and :class:`SparkJobError` when a Spark job fails for
+        another reason; in every failure case nothing was committed.
         """
         operation = SparkOperation(operation)
         self.metrics = WriteMetrics()
