@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import socket
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from cowrite.timeline.errors import StorageError
 from cowrite.timeline.storage import Storage
-from cowrite.timeline.watch import listings
+from cowrite.timeline.watch import Listings, listings
 
 RACERS = 8
 RACE_TIMEOUT = 60.0
@@ -231,6 +232,23 @@ def test_a_forked_child_keeps_its_own_listings(tmp_path: Path) -> None:
     forked.join(timeout=RACE_TIMEOUT)
     assert forked.exitcode == 0
     assert storage.watched_names("timeline") == {"0.commit", "1.commit"}
+
+
+def test_beyond_its_bound_the_least_recently_used_listing_is_listed_afresh(tmp_path: Path) -> None:
+    kept = Listings()
+    kept.MAX_DIRECTORIES = 2
+    listed: list[str] = []
+
+    def look(name: str) -> frozenset[str] | None:
+        directory = tmp_path / name
+        directory.mkdir(exist_ok=True)
+        return kept.names(str(directory), lambda: listed.append(name) or os.listdir(directory), bool)
+
+    look("a"), look("b"), look("a")  # a is now the more recently used
+    look("c")  # b goes
+    (tmp_path / "b" / "new").touch()
+    assert look("a") == frozenset() and look("b") == {"new"}
+    assert listed == ["a", "b", "c", "b"]
 
 
 def test_a_directory_other_hosts_may_change_is_listed_every_time() -> None:

@@ -232,13 +232,15 @@ class Listings:
     moved, or no longer at its path makes the next call list afresh.
     """
 
-    MAX_DIRECTORIES = 64  # the hot directories of a few tables; the oldest watch goes beyond that
+    # Two directories a table (its timeline and its locks): a daemon serving hundreds of tables keeps them
+    # all; beyond that the least recently used goes. (A watch costs the kernel about a kilobyte.)
+    MAX_DIRECTORIES = 1024
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._failed = False
-        self._by_directory: dict[str, _Listing] = {}  # oldest first
+        self._by_directory: dict[str, _Listing] = {}  # least recently used first
         self._by_watch: dict[int, _Listing] = {}
         self._local: dict[str, bool] = {}
 
@@ -254,10 +256,12 @@ class Listings:
             except OSError:
                 return None  # missing: the caller's listing says so
             self._apply_events(fd)
-            listing = self._by_directory.get(directory)
-            if listing is not None and listing.inode != (status.st_dev, status.st_ino):
-                self._forget(listing)  # another directory is at this path now
-                listing = None
+            listing = self._by_directory.pop(directory, None)
+            if listing is not None:
+                self._by_directory[directory] = listing  # the most recently used, last
+                if listing.inode != (status.st_dev, status.st_ino):
+                    self._forget(listing)  # another directory is at this path now
+                    listing = None
             if listing is None:
                 listing = self._watch(fd, directory, (status.st_dev, status.st_ino), list_names, keep)
                 if listing is None:
