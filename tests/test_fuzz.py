@@ -221,7 +221,7 @@ def test_garbage_names_in_the_timeline_are_skipped_with_a_warning(
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         timeline = Timeline.load(table.storage)
-        follower = TimelineFollower(table, use_events=False)
+        follower = TimelineFollower(table)
         followed = follower.start()
     assert [i.requested_time for i in timeline] == [committed.requested_time]
     assert {i.requested_time for i in followed} == {committed.requested_time}

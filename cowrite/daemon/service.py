@@ -96,10 +96,6 @@ class TableService:
             self._count_lock_files(initial=True)
         return self.table
 
-    def close(self) -> None:
-        if self.follower is not None:
-            self.follower.stop()
-
     # -- jobs ------------------------------------------------------------------------------------
     def poll(self) -> None:
         """Follow the timeline, judge pending writers, expire stale locks, roll back failed writes."""
@@ -114,7 +110,6 @@ class TableService:
                     self.name, self.entry.uri, up=False, error=str(exc), polled_at=time.time()
                 )
                 if self.table is not None and self.follower is not None and self.polls == 0:
-                    self.close()
                     self.table = None
             finally:
                 self.polls += 1
@@ -161,8 +156,8 @@ class TableService:
             for item in done:
                 self.metrics.rollbacks.labels(self.name).inc()
                 self.metrics.deleted_files.labels(self.name, "rollback").inc(len(item.deleted))
-            if done:  # our own changes: look now rather than wait for their events
-                self.follower.resync()
+            if done:  # our own changes
+                self.follower.poll()
                 timeline = self.follower.timeline
                 pending = pending_writers(table, timeline, self.policy, now)
         else:
@@ -314,7 +309,7 @@ class Daemon:
         log.info("serving %d tables", len(self.services))
 
     def stop(self) -> None:
-        """Drain: let running jobs finish, then stop following and serving."""
+        """Drain: let running jobs finish, then stop polling and serving."""
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -322,8 +317,6 @@ class Daemon:
         if self.http is not None:
             self.http.shutdown()  # type: ignore[attr-defined]
             self.http.server_close()  # type: ignore[attr-defined]
-        for service in self.services:
-            service.close()
         log.info("stopped")
 
     def wait(self, timeout: float | None = None) -> bool:
