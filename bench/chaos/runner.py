@@ -428,12 +428,9 @@ class Run:
         os.environ.update(self.env)
         try:
             service = TableService(config.tables[0], config, DaemonMetrics(CollectorRegistry(), lambda: []))
-            try:
-                service.poll()
-                service.clean()
-                service.poll()
-            finally:
-                service.close()
+            service.poll()
+            service.clean()
+            service.poll()
         finally:
             for name, value in saved.items():
                 if value is None:
