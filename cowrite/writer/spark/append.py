@@ -19,14 +19,16 @@ with the group's base file in one place (``SparkWriter`` plans such inserts inst
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...timeline.commit_metadata import WriteStat
 from ...timeline.errors import CowriteError
-from ...timeline.fs_view import BASE_FILE_EXTENSION, FileSystemView
+from ...timeline.fs_view import BASE_FILE_EXTENSION, BaseFile, FileSystemView
 from ...timeline.markers import create_marker, delete_markers, marked_files
 from ...timeline.storage import Storage
 from ...timeline.table import Table
@@ -34,9 +36,29 @@ from ...timeline.timeline import Timeline
 from ..file_group import FileGroupWrite, write_file_group
 from ..planning import SizingPolicy, estimate_record_bytes, new_file_id
 from ..records import PARTITION_PATH, RECORD_KEY
-from .tasks import STAT, TableSpec, check_lease, chunks, renew_lease, rows_by, stamp, stat_to_json
+from .tasks import (
+    STAT,
+    TableSpec,
+    carrying,
+    check_lease,
+    chunks,
+    renew_lease,
+    rows_by,
+    stamp,
+    stat_to_json,
+)
 
-__all__ = ["NewFileGroups", "delete_markers", "delete_unreported", "discard", "record_bytes_of"]
+__all__ = [
+    "FillSmallGroups",
+    "NewFileGroups",
+    "SetAside",
+    "SmallGroups",
+    "delete_markers",
+    "delete_unreported",
+    "discard",
+    "record_bytes_of",
+    "small_file_groups",
+]
 
 
 def record_bytes_of(table: Table, timeline: Timeline) -> float | None:
@@ -76,10 +98,20 @@ class NewFileGroups:
 
     def write(self, batches: Iterable[pa.RecordBatch], task: int, token: str) -> Iterator[WriteStat]:
         """Write the records of ``batches``; raises the input errors of :func:`.tasks.stamp`."""
+        for written in self.write_or_set_aside(batches, task, token, {}):
+            assert isinstance(written, WriteStat)
+            yield written
+
+    def write_or_set_aside(
+        self, batches: Iterable[pa.RecordBatch], task: int, token: str, room: Mapping[str, int]
+    ) -> Iterator[WriteStat | pa.Table]:
+        """:meth:`write`, except that the first ``room[p]`` records of each partition ``p`` are not
+        written but returned, stamped (as tables), for the small file groups of ``p`` to take."""
         storage = self.spec.storage.open()
         self._lease(storage)
         per_file: int | None = None
         pending: dict[str, pa.Table] = {}
+        kept: Counter[str] = Counter()
         for chunk in chunks(batches):
             table = stamp(chunk, self.spec)
             if per_file is None:
@@ -88,6 +120,13 @@ class NewFileGroups:
                 )
                 per_file = SizingPolicy(self.max_file_bytes, 0, record_bytes).records_per_file
             for partition, rows in rows_by(table, PARTITION_PATH):
+                keep = min(room.get(partition, 0) - kept[partition], rows.num_rows)
+                if keep > 0:
+                    kept[partition] += keep
+                    yield rows.slice(0, keep)
+                    rows = rows.slice(keep)
+                    if not rows.num_rows:
+                        continue
                 held = pending.pop(partition, None)
                 buffered = pa.concat_tables([held, rows]) if held is not None else rows
                 while buffered.num_rows >= per_file:
@@ -104,6 +143,9 @@ class NewFileGroups:
 
     def _flush(self, storage: Storage, partition: str, rows: pa.Table, task: int, token: str) -> WriteStat:
         work = FileGroupWrite.create(partition, new_file_id(), self.instant, token, None, merge=False)
+        return self._write(storage, work, rows, task)
+
+    def _write(self, storage: Storage, work: FileGroupWrite, rows: pa.Table, task: int) -> WriteStat:
         self._lease(storage)
         create_marker(storage, self.instant, work.new_path)  # before the file: a crash leaves both
         return write_file_group(
@@ -126,6 +168,114 @@ class NewFileGroups:
 STAT_SCHEMA = pa.schema([pa.field(STAT, pa.string())])
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """``mapInArrow``, the first stage of an insert into partitions with small file groups: a task writes
+    its records as :class:`NewFileGroups` do, except the first records of each such partition — as many
+    as its small file groups have room for — which leave as rows for :class:`FillSmallGroups`.
+
+    Output: the set-aside rows (the input's columns, key and partition path; ``STAT`` null), and a
+    ``STAT`` row (every other column null) per written base file.
+    """
+
+    files: NewFileGroups
+    room: Mapping[str, int]  # partition path -> records its small file groups take
+    schema: pa.Schema  # of the output
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task, token = task_and_token()
+        for written in self.files.write_or_set_aside(batches, task, token, self.room):
+            if isinstance(written, WriteStat):
+                yield carrying(self.schema, [stat_to_json(written)])
+            else:
+                rows = written.append_column(STAT, pa.nulls(written.num_rows, pa.string()))
+                yield from rows.select(self.schema.names).cast(self.schema).to_batches()
+
+
+@dataclass(frozen=True)
+class FillSmallGroups:
+    """``mapInArrow``, the second stage: the set-aside rows of whole partitions, sorted by partition,
+    fill the partition's small file groups in order, each up to its room (merged with its base file, as
+    ``assign_inserts`` decides for the local engine); the rest become new file groups. ``STAT`` rows of
+    the first stage pass through.
+
+    Every task set aside as many records of a partition as the small file groups take (or all it had),
+    so together they set aside at least what ``assign_inserts`` would put there: the small file groups are
+    filled exactly as if the rows had been counted first. What the tasks set aside beyond that is
+    written as new file groups here, a few more than a counted plan would open.
+    """
+
+    files: NewFileGroups  # writes the rest (sorted_by_partition) and names the instant
+    small: Mapping[str, tuple[tuple[BaseFile, int], ...]]  # partition -> (base file, room) in order
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task, token = task_and_token()
+        storage = self.files.spec.storage.open()
+        filler = _Filler(self, storage, task, token)
+        for chunk in chunks(batches):
+            carried = pc.is_valid(chunk.column(STAT))
+            reported = chunk.column(STAT).filter(carried)
+            if len(reported):
+                yield pa.RecordBatch.from_arrays([reported.combine_chunks()], schema=STAT_SCHEMA)
+            rows = chunk.filter(pc.invert(carried)).drop_columns([STAT])
+            for partition, part in rows_by(rows, PARTITION_PATH):
+                for stat in filler.take(partition, part):
+                    yield pa.RecordBatch.from_pydict({STAT: [stat_to_json(stat)]}, schema=STAT_SCHEMA)
+        for stat in filler.finish():
+            yield pa.RecordBatch.from_pydict({STAT: [stat_to_json(stat)]}, schema=STAT_SCHEMA)
+
+
+class _Filler:
+    """The state of :class:`FillSmallGroups` in one task: the partition at hand, its small file groups
+    left to fill, the rows gathered for the first of them, and the rest waiting to be written."""
+
+    def __init__(self, fill: FillSmallGroups, storage: Storage, task: int, token: str) -> None:
+        self.fill, self.storage, self.task, self.token = fill, storage, task, token
+        files = fill.files
+        assert files.record_bytes is not None  # a table with small file groups has files to size by
+        self.per_file = SizingPolicy(files.max_file_bytes, 0, files.record_bytes).records_per_file
+        self.partition: str | None = None
+        self.groups: list[tuple[BaseFile, int]] = []
+        self.gathered: list[pa.Table] = []
+        self.rest: pa.Table | None = None
+
+    def take(self, partition: str, rows: pa.Table) -> Iterator[WriteStat]:
+        if partition != self.partition:
+            yield from self.finish()
+            self.partition, self.groups = partition, list(self.fill.small.get(partition, ()))
+        while rows.num_rows and self.groups:
+            base, room = self.groups[0]
+            need = room - sum(t.num_rows for t in self.gathered)
+            self.gathered.append(rows.slice(0, need))
+            rows = rows.slice(need)
+            if sum(t.num_rows for t in self.gathered) == room:
+                yield self._merge()
+        if rows.num_rows:
+            self.rest = pa.concat_tables([self.rest, rows]) if self.rest is not None else rows
+            while self.rest.num_rows >= self.per_file:
+                yield self.fill.files._flush(
+                    self.storage, partition, self.rest.slice(0, self.per_file), self.task, self.token
+                )
+                self.rest = self.rest.slice(self.per_file)
+
+    def finish(self) -> Iterator[WriteStat]:
+        """The partition at hand is complete: its last small file group and its rest are written."""
+        if self.gathered:
+            yield self._merge()
+        if self.partition is not None and self.rest is not None and self.rest.num_rows:
+            yield self.fill.files._flush(self.storage, self.partition, self.rest, self.task, self.token)
+        self.partition, self.groups, self.rest = None, [], None
+
+    def _merge(self) -> WriteStat:
+        base, _ = self.groups.pop(0)
+        rows, self.gathered = pa.concat_tables(self.gathered), []
+        files = self.fill.files
+        work = FileGroupWrite.create(
+            base.partition, base.file_id, files.instant, self.token, base, merge=False
+        )
+        return files._write(self.storage, work, rows, self.task)
+
+
 def task_and_token() -> tuple[int, str]:
     """This Spark task's partition and Hudi's write token, ``<partition>-<stage>-<attempt>``: every
     attempt of a task names its files apart, so a failed attempt's files are told from the reported ones.
@@ -136,6 +286,25 @@ def task_and_token() -> tuple[int, str]:
     if context is None:  # called outside Spark (tests run a task's work in-process)
         return 0, "0-0-0"
     return context.partitionId(), f"{context.partitionId()}-{context.stageId()}-{context.attemptNumber()}"
+
+
+# partition path -> (base file, records it has room for) of each of its small file groups, in order
+SmallGroups = dict[str, tuple[tuple[BaseFile, int], ...]]
+
+
+def small_file_groups(view: FileSystemView, sizing: SizingPolicy) -> SmallGroups:
+    """partition -> (base file, records it has room for) of its small file groups, in the order and by
+    the rule of ``assign_inserts``: below the small file limit, with room for at least one record."""
+    found: dict[str, list[tuple[BaseFile, int]]] = {}
+    for partition in sorted(view.partitions):
+        for group in view.in_partition(partition):
+            base = group.latest
+            if base.size >= sizing.small_file_bytes:
+                continue
+            room = int((sizing.max_file_bytes - base.size) / max(sizing.record_bytes, 1.0))
+            if room > 0:
+                found.setdefault(partition, []).append((base, room))
+    return {p: tuple(groups) for p, groups in found.items()}
 
 
 def delete_unreported(storage: Storage, instant: str, reported: Iterable[WriteStat]) -> list[str]:

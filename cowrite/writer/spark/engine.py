@@ -87,15 +87,26 @@ from ...timeline.errors import CommitStateUnknownError, ConfigError, CowriteErro
 from ...timeline.fs_view import FileSystemView
 from ...timeline.instant import Action, Instant
 from ...timeline.table import Table
+from ...timeline.timeline import Timeline
 from ...timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from ..local import LocalWriter, Operation, _latest_schema
-from ..planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
-from ..records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
+from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
+from ..records import PARTITION_PATH, RECORD_KEY
 from ..schema import avro_schema
-from .append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of
+from .append import (
+    FillSmallGroups,
+    NewFileGroups,
+    SetAside,
+    SmallGroups,
+    delete_markers,
+    delete_unreported,
+    discard,
+    record_bytes_of,
+    small_file_groups,
+)
 from .batching import ARROW_BYTES_PER_PARQUET_BYTE, ArrowBatches, size_in_bytes
 from .errors import translate
-from .plan import SparkPlan, plan_append, plan_merge
+from .plan import SparkPlan, plan_merge
 from .tasks import (
     BUCKET,
     POSITION,
@@ -111,7 +122,6 @@ from .tasks import (
     TagRows,
     WriteContext,
     WriteGroup,
-    WriteInserts,
     stamp,
     stat_from_json,
 )
@@ -166,18 +176,18 @@ class WriteMetrics:
 
 @dataclass
 class _Prepared:
-    """The part of a write that does not depend on the instant; reused by a retry after a conflict."""
+    """The part of a merge that does not depend on the instant; reused by a retry after a conflict."""
 
-    data: DataFrame  # append: the input (persisted); merge: deduplicated position, key and path
-    counts: list[Count]  # rows per task and partition (merge: deduplicated rows, file groups unknown)
-    ranges: dict[str | None, tuple[int, str, str]]  # merge: partition -> (rows, min key, max key)
+    data: DataFrame  # deduplicated position, key and path
+    counts: list[Count]  # deduplicated rows per task and partition (file groups unknown)
+    ranges: dict[str | None, tuple[int, str, str]]  # partition -> (rows, min key, max key)
     schema: str  # Avro schema for the commit ("" for deletes: the table's stays)
     data_columns: tuple[str, ...]
     sample: Callable[[], pa.Table]  # a few prepared rows, for sizing when the table has no files yet
     release: list[DataFrame] = field(default_factory=list)
-    rows: DataFrame | None = None  # merge: the input's whole rows with their position
-    tasks: int = 0  # merge: the tasks that hold the deduplicated rows
-    local: pa.Table | None = None  # merge: the deduplicated rows (with TASK), when few: on the driver
+    rows: DataFrame | None = None  # the input's whole rows with their position
+    tasks: int = 0  # the tasks that hold the deduplicated rows
+    local: pa.Table | None = None  # the deduplicated rows (with TASK), when few: on the driver
 
 
 class SparkWriter:
@@ -240,14 +250,11 @@ class SparkWriter:
         prepared = None
         with ArrowBatches(self.spark) as self._batches:
             if operation.appends:
-                in_place = self._in_place(operation)
-                if in_place is not None:
-                    return retry_on_conflict(
-                        self.config,
-                        lambda: self._append_in_place(df, operation, schema, data_columns, in_place.value),
-                    )
+                return retry_on_conflict(
+                    self.config, lambda: self._append(df, operation, schema, data_columns)
+                )
             try:
-                ready = prepared = self._prepare(df, operation, schema, data_columns)
+                ready = prepared = self._prepare_merge(df, operation, schema, data_columns)
                 return retry_on_conflict(self.config, lambda: self._write_once(ready, operation))
             finally:
                 for frame in prepared.release if prepared else []:
@@ -263,55 +270,28 @@ class SparkWriter:
         schema = "" if operation is SparkOperation.DELETE else avro_schema(data.schema, self.table.name)
         return schema, tuple(data.column_names)
 
-    # -- appends where the records are (one job) ------------------------------------------------------
-    def _in_place(self, operation: SparkOperation) -> _RecordBytes | None:
-        """Whether the append writes new file groups where its records are (:mod:`.append`), and the
-        bytes per record of the table's files when that is known (else None inside).
-
-        A bulk_insert always does; an insert does when no partition of the table holds a small file
-        group it would fill — to know that without a pass over the input, every partition's files are
-        listed (a fresh table has none). Otherwise (None) the insert is planned from counted rows.
-        """
-        table = self.table
-        if operation is SparkOperation.BULK_INSERT:
-            return _RecordBytes(record_bytes_of(table, table.timeline()))
-        small_file_bytes = self.config.get(keys.PARQUET_SMALL_FILE_LIMIT)
-        if small_file_bytes <= 0:
-            return _RecordBytes(record_bytes_of(table, table.timeline()))
-        view = FileSystemView.build(table, table.timeline())
-        if not view.groups:
-            return _RecordBytes(None)
-        partitions = sorted(view.partitions)
-        record_bytes = estimate_record_bytes(view, table.storage, pa.table({}), partitions)
-        sizing = SizingPolicy(self.config.get(keys.PARQUET_MAX_FILE_SIZE), small_file_bytes, record_bytes)
-        for partition in partitions:
-            if assign_inserts(partition, 1, view, sizing)[0][1] is not None:
-                return None  # a small file group to fill
-        return _RecordBytes(record_bytes)
-
-    def _append_in_place(
-        self,
-        df: DataFrame,
-        operation: SparkOperation,
-        schema: str,
-        data_columns: tuple[str, ...],
-        record_bytes: float | None,
+    # -- appends: written where the records are --------------------------------------------------------
+    def _append(
+        self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
     ) -> Instant:
-        """One instant, one Spark job: each task stamps its records and writes them as new file groups
-        (:class:`~.append.NewFileGroups`); the driver deletes the files of failed task attempts and
-        commits. Input errors (null keys, bad partition values) fail the job: the write aborts and its
-        marked files are deleted.
+        """One instant: each task stamps its records and writes them as new file groups
+        (:class:`~.append.NewFileGroups`) — one Spark job. An insert into partitions with small file
+        groups sets their share of the records aside in that job, and a second stage fills them
+        (:class:`~.append.SetAside`, :class:`~.append.FillSmallGroups`). The driver deletes the files
+        of failed task attempts and commits. Input errors (null keys, bad partition values) fail the
+        job: the write aborts and its marked files are deleted.
         """
         table = self.table
         data, sort = self._sorted_for_bulk_insert(df, operation)
-        self._fit_batches(df, record_bytes)
         transaction = Transaction.begin(table, operation.value, operation.action, self.options)
         instant = transaction.instant_time
         stats: list[Any] = []
         try:
             # no file is known before the tasks write: the plan names none, the markers name them all
             transaction.plan(self._metadata(operation, (), {}, schema))
-            writer = NewFileGroups(
+            small, record_bytes = self._small_file_groups(operation, transaction.begin_timeline)
+            self._fit_batches(df, record_bytes)
+            files = NewFileGroups(
                 self.spec,
                 instant,
                 transaction.holder.owner,
@@ -320,16 +300,20 @@ class SparkWriter:
                 record_bytes,
                 sorted_by_partition=sort,
             )
-            written = self._run("write", lambda: data.mapInArrow(writer, f"{STAT} string").collect())
-            stats = [stat_from_json(r[0]) for r in written]
+            if small:
+                written = self._set_aside_and_fill(data, files, small)
+            else:
+                written = data.mapInArrow(files, f"{STAT} string")
+            stats = [stat_from_json(r[0]) for r in self._run("write", written.collect)]
             delete_unreported(table.storage, instant, stats)
             transaction.check_alive()
         except BaseException as exc:
             transaction.abort(exc)
             _discard(table, instant, stats)
             raise
-        self.metrics.input_rows = sum(s.num_writes for s in stats)
+        self.metrics.input_rows = sum(s.num_inserts for s in stats)
         self.metrics.file_groups = len(stats)
+        self.metrics.routed_file_groups = sum(1 for s in stats if s.prev_commit != "null")
         try:
             done = transaction.commit(self._metadata(operation, stats, {}, schema))
         except CommitStateUnknownError:
@@ -339,6 +323,45 @@ class SparkWriter:
             raise
         delete_markers(table.storage, instant)
         return done
+
+    def _small_file_groups(
+        self, operation: SparkOperation, timeline: Timeline
+    ) -> tuple[SmallGroups, float | None]:
+        """The small file groups an append fills (partition -> (base file, room)), and the bytes per
+        record of the table's files (None for a table without any).
+
+        A bulk_insert fills none. An insert looks at every partition of the table — which ones its
+        input touches is unknown without a pass over it — so it lists the files of every partition:
+        one listing, against the count job and the persist of the input a plan from counts would cost.
+        """
+        table = self.table
+        small_file_bytes = self.config.get(keys.PARQUET_SMALL_FILE_LIMIT)
+        if operation is SparkOperation.BULK_INSERT or small_file_bytes <= 0:
+            return {}, record_bytes_of(table, timeline)
+        view = FileSystemView.build(table, timeline)
+        if not view.groups:
+            return {}, None
+        record_bytes = estimate_record_bytes(view, table.storage, pa.table({}), sorted(view.partitions))
+        sizing = SizingPolicy(self.config.get(keys.PARQUET_MAX_FILE_SIZE), small_file_bytes, record_bytes)
+        return small_file_groups(view, sizing), record_bytes
+
+    def _set_aside_and_fill(self, data: DataFrame, files: NewFileGroups, small: SmallGroups) -> DataFrame:
+        """Stage 1 writes the records of other partitions where they are and sets aside, per task, as
+        many records of each partition with small file groups as those take; a shuffle by partition
+        brings a partition's set-aside rows to one task, sorted, which fills the small file groups and
+        writes the rest as new ones."""
+        room = {partition: sum(r for _, r in groups) for partition, groups in small.items()}
+        out = StructType(
+            [StructField(f.name, f.dataType, True) for f in data.schema]
+            + [StructField(c, StringType(), True) for c in (RECORD_KEY, PARTITION_PATH, STAT)]
+        )
+        zone = self.spark.conf.get("spark.sql.session.timeZone") or "UTC"
+        aside = data.mapInArrow(SetAside(files, room, to_arrow_schema(out, timezone=zone)), out)
+        return (
+            aside.repartition(self._write_tasks(), PARTITION_PATH)
+            .sortWithinPartitions(PARTITION_PATH)
+            .mapInArrow(FillSmallGroups(files, small), f"{STAT} string")
+        )
 
     def _sorted_for_bulk_insert(self, df: DataFrame, operation: SparkOperation) -> tuple[DataFrame, bool]:
         """``df`` as the bulk_insert sort mode wants it, and whether each task's rows come by partition.
@@ -373,72 +396,7 @@ class SparkWriter:
             in_memory = sample.nbytes / max(sample.num_rows, 1)
         self._batches.fit(in_memory)
 
-    # -- before the instant --------------------------------------------------------------------------
-    def _prepare(
-        self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
-    ) -> _Prepared:
-        if operation.appends:
-            return self._prepare_append(df, operation, schema, data_columns)
-        return self._prepare_merge(df, operation, schema, data_columns)
-
-    def _prepare_append(
-        self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
-    ) -> _Prepared:
-        """An insert that fills small file groups: its rows per task and partition are counted first."""
-        release = []
-        data = df
-        if not _is_persisted(data):
-            # counting and writing must see the same rows in the same tasks
-            data = data.persist(StorageLevel.MEMORY_AND_DISK)
-            release.append(data)
-            self.metrics.persisted.append("input")
-        counts = self._count_inserts(data)
-        self.metrics.input_rows = sum(c.rows for c in counts)
-
-        def sample() -> pa.Table:
-            return stamp(self._run("sample", lambda: data.limit(1000).toArrow()), self.spec)
-
-        return _Prepared(data, counts, {}, schema, data_columns, sample, release)
-
-    def _count_inserts(self, data: DataFrame) -> list[Count]:
-        """Rows per task and partition path, and the null keys, counted by Spark alone (no Python).
-
-        Grouping by the partition columns' values is grouping by partition path (the path is a function
-        of the values); the few distinct value rows come back as Arrow and get their paths from
-        ``partition_paths`` here. Null keys fail with ``record_keys``'s own error, before anything begins.
-        """
-        table = self.table
-        task = F.spark_partition_id().alias("__task")
-        nulls = [
-            F.sum(F.col(k).isNull().cast("long")).alias(f"__nulls{i}")
-            for i, k in enumerate(table.record_key_fields)
-        ]
-        found = self._run(
-            "count",
-            lambda: (
-                data.groupBy(task, *table.partition_fields)
-                .agg(F.count(F.lit(1)).alias("__rows"), *nulls)
-                .toArrow()
-            ),
-        )
-        for i, name in enumerate(table.record_key_fields):
-            missing = int(pc.sum(found.column(f"__nulls{i}")).as_py() or 0)
-            if missing:
-                kind = (
-                    found.schema.field(name).type if name in found.column_names else _arrow_type(data, name)
-                )
-                record_keys(pa.table({name: pa.nulls(missing, kind)}), [name], self.source)
-        paths = partition_paths(found, table.partition_fields, table.hive_style_partitioning, self.source)
-        totals: dict[tuple[int, str], int] = {}
-        for task_id, path, rows in zip(
-            found.column("__task").to_pylist(),
-            paths.to_pylist(),
-            found.column("__rows").to_pylist(),
-            strict=True,
-        ):
-            totals[(task_id, path)] = totals.get((task_id, path), 0) + rows
-        return [Count(t, p, None, n) for (t, p), n in sorted(totals.items())]
-
+    # -- before the instant ---------------------------------------------------------------------------
     def _prepare_merge(
         self, df: DataFrame, operation: SparkOperation, schema: str, data_columns: tuple[str, ...]
     ) -> _Prepared:
@@ -505,10 +463,7 @@ class SparkWriter:
         transaction = Transaction.begin(self.table, operation.value, operation.action, self.options)
         release: list[DataFrame] = []
         try:
-            if operation.appends:
-                metadata = self._append(transaction, prepared, operation)
-            else:
-                metadata = self._merge(transaction, prepared, operation, release)
+            metadata = self._merge(transaction, prepared, operation, release)
             transaction.check_alive()
         except BaseException as exc:
             transaction.abort(exc)
@@ -529,35 +484,6 @@ class SparkWriter:
         )
         self._batches.fit(sizing.record_bytes * ARROW_BYTES_PER_PARQUET_BYTE)
         return sizing
-
-    def _append(
-        self, transaction: Transaction, prepared: _Prepared, operation: SparkOperation
-    ) -> CommitMetadata:
-        partitions = sorted({c.partition for c in prepared.counts})
-        view = FileSystemView.build(self.table, transaction.begin_timeline, partitions=partitions)
-        sizing = self._sizing(view, prepared, partitions)
-        plan = plan_append(transaction.instant_time, prepared.counts, view, sizing, True, self._write_tasks())
-        transaction.plan(self._metadata(operation, plan.planned_stats(), {}, prepared.schema))
-        context = WriteContext(self.spec, transaction.instant_time, plan.buckets, prepared.data_columns)
-        data = prepared.data
-        out = StructType(
-            [StructField(f.name, f.dataType, True) for f in data.schema]
-            + [
-                StructField(RECORD_KEY, StringType(), True),
-                StructField(PARTITION_PATH, StringType(), True),
-                StructField(BUCKET, LongType(), True),
-                StructField(STAT, StringType(), True),
-            ]
-        )
-        written = data.mapInArrow(WriteInserts(context, plan.segments, plan.local), out)
-        if plan.routed:
-            written = (
-                written.repartition(plan.write_tasks, BUCKET)
-                .groupBy(BUCKET)
-                .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
-            )
-        stats = self._collect_stats(written, plan)
-        return self._metadata(operation, stats, {}, prepared.schema)
 
     def _merge(
         self,
@@ -831,13 +757,6 @@ class SparkWriter:
         return result
 
 
-@dataclass(frozen=True)
-class _RecordBytes:
-    """Bytes per record in a base file of the table, None when it has no files to tell."""
-
-    value: float | None
-
-
 def _discard(table: Table, instant: str, stats: Sequence[Any]) -> None:
     """The marked files of a failed write, deleted; what cannot be deleted now the rollback finds."""
     try:
@@ -897,10 +816,6 @@ def _with_task(frame: DataFrame) -> DataFrame:
 def _carried(frame: DataFrame) -> list[str]:
     """The ``STAT`` texts the tasks behind ``frame`` reported (see :func:`.tasks.carrying`)."""
     return [r[0] for r in frame.where(F.col(STAT).isNotNull()).select(STAT).collect()]
-
-
-def _arrow_type(df: DataFrame, name: str) -> pa.DataType:
-    return to_arrow_schema(StructType([df.schema[name]]), timezone="UTC").field(name).type
 
 
 def _is_persisted(df: DataFrame) -> bool:

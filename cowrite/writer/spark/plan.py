@@ -1,4 +1,5 @@
-"""Planning a Spark write on the driver: from row counts to file groups, before any file is written.
+"""Planning a Spark merge (upsert, delete, insert_overwrite) on the driver: from row counts to file
+groups, before any file is written. (Inserts are not planned: :mod:`.append`.)
 
 Executors count rows per (task, partition path, file group) first; from those counts alone the driver
 decides every file the write creates — so the ``.inflight`` plan names them all, and a failed write is
@@ -10,9 +11,7 @@ cleaned up from the plan — with the shared planning functions:
 
 New records of a partition are ranked task by task, in the order each task sees them; a task's
 :class:`~.tasks.Segments` say which file group each of its ranks goes to, so tasks route records without
-talking to each other. For inserts the driver may let a task write the new file groups of its own records
-where they are (*local* file groups: no shuffle); records that fill an existing small file group, which
-must be merged with its base file in one place, are *routed*: shuffled to the task of their file group.
+talking to each other; every record is *routed*: shuffled to the task that writes its file group.
 
 Routed file groups are told apart by their *route key*, the value of the ``BUCKET`` column. Keys are
 picked so that Spark's hash partitioning (``pmod(hash(key), n)``) sends the ``i``-th routed file group
@@ -88,12 +87,11 @@ class SparkPlan:
     buckets: dict[int, BucketWrite] = field(default_factory=dict)  # route key -> file group
     updates: dict[tuple[str, str], int] = field(default_factory=dict)  # (partition, file id) -> route key
     segments: dict[tuple[int, str], Segments] = field(default_factory=dict)  # (task, partition) -> ...
-    local: frozenset[int] = frozenset()  # route keys of file groups written where their rows are
-    write_tasks: int = 0  # shuffle partitions that write the routed file groups
+    write_tasks: int = 0  # shuffle partitions that write the file groups
 
     @property
     def routed(self) -> list[int]:
-        return sorted(key for key in self.buckets if key not in self.local)
+        return sorted(self.buckets)
 
     def planned_stats(self) -> list[WriteStat]:
         return [_planned(b.write) for _, b in sorted(self.buckets.items(), key=lambda item: item[1].task)]
@@ -107,9 +105,8 @@ class _Builder:
         self.merge = merge
         self.writes: list[FileGroupWrite] = []
         self.index: dict[tuple[str, str], int] = {}
-        self.local: set[int] = set()
 
-    def add(self, partition: str, file_id: str, base: BaseFile | None, local: bool = False) -> int:
+    def add(self, partition: str, file_id: str, base: BaseFile | None) -> int:
         known = self.index.get((partition, file_id))
         if known is not None:
             return known
@@ -117,8 +114,6 @@ class _Builder:
         token = f"{number}-0-1"
         self.writes.append(FileGroupWrite.create(partition, file_id, self.instant, token, base, self.merge))
         self.index[(partition, file_id)] = number
-        if local:
-            self.local.add(number)
         return number
 
     def finish(
@@ -127,10 +122,9 @@ class _Builder:
         updates: dict[tuple[str, str], int],
         segments: dict[tuple[int, str], list[tuple[int, int]]],
     ) -> SparkPlan:
-        routed = [n for n in range(len(self.writes)) if n not in self.local]
-        tasks = max(1, min(len(routed), max_tasks))
-        keys = dict(zip(routed, route_keys(len(routed), tasks), strict=True))
-        keys.update({n: -(n + 1) for n in self.local})  # never shuffled: any key of their own
+        count = len(self.writes)
+        tasks = max(1, min(count, max_tasks))
+        keys = dict(enumerate(route_keys(count, tasks)))
         return SparkPlan(
             buckets={keys[n]: BucketWrite(w, n) for n, w in enumerate(self.writes)},
             updates={group: keys[n] for group, n in updates.items()},
@@ -138,8 +132,7 @@ class _Builder:
                 where: Segments(tuple(end for end, _ in parts), tuple(keys[n] for _, n in parts))
                 for where, parts in segments.items()
             },
-            local=frozenset(keys[n] for n in self.local),
-            write_tasks=tasks if routed else 0,
+            write_tasks=tasks if count else 0,
         )
 
 
@@ -152,21 +145,15 @@ def _inserts_by_partition(counts: Iterable[Count]) -> dict[str, list[tuple[int, 
     return {p: sorted(tasks.items()) for p, tasks in found.items()}
 
 
-def _slice(
-    ranges: Sequence[tuple[int, int, int]], start: int, stop: int
-) -> tuple[list[tuple[int, int]], int]:
-    """The parts of global ranks [start, stop) that ``ranges`` ((begin, end, bucket)) cover.
-
-    Returns (local end, bucket) pairs relative to ``start`` and how many ranks they covered.
-    """
+def _slice(ranges: Sequence[tuple[int, int, int]], start: int, stop: int) -> list[tuple[int, int]]:
+    """The parts of global ranks [start, stop) that ``ranges`` ((begin, end, bucket)) cover, as
+    (local end, bucket) pairs relative to ``start``."""
     parts: list[tuple[int, int]] = []
-    covered = 0
     for begin, end, number in ranges:
         low, high = max(begin, start), min(end, stop)
         if low < high:
-            covered += high - low
             parts.append((high - start, number))
-    return parts, covered
+    return parts
 
 
 def plan_merge(
@@ -198,45 +185,6 @@ def plan_merge(
             start += take
         offset = 0
         for task, rows in tasks:
-            segments[(task, partition)], _ = _slice(ranges, offset, offset + rows)
+            segments[(task, partition)] = _slice(ranges, offset, offset + rows)
             offset += rows
     return builder.finish(max_tasks, updates, segments)
-
-
-def plan_append(
-    instant: str,
-    counts: Iterable[Count],
-    view: FileSystemView,
-    sizing: SizingPolicy,
-    fill_small_files: bool,
-    max_tasks: int,
-) -> SparkPlan:
-    """Insert, bulk_insert: new records fill small file groups first (routed), the rest stays local.
-
-    Of each partition, the first records (task by task) fill the small file groups ``assign_inserts``
-    picks; each task splits the rest of its own records into new file groups of the target size and
-    writes them itself. That is at most one partly filled file group per task and partition — which
-    the next insert fills — in exchange for no shuffle of the bulk of the data.
-    """
-    builder = _Builder(instant, merge=False)
-    segments: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    empty = FileSystemView(())
-    for partition, tasks in sorted(_inserts_by_partition(counts).items()):
-        total = sum(rows for _, rows in tasks)
-        small, start = [], 0
-        if fill_small_files:
-            for file_id, base, take in assign_inserts(partition, total, view, sizing):
-                if base is None:
-                    break
-                small.append((start, start + take, builder.add(partition, file_id, base)))
-                start += take
-        offset = 0
-        for task, rows in tasks:
-            parts, covered = _slice(small, offset, offset + rows)
-            end = covered
-            for file_id, _, take in assign_inserts(partition, rows - covered, empty, sizing):
-                end += take
-                parts.append((end, builder.add(partition, file_id, None, local=True)))
-            segments[(task, partition)] = parts
-            offset += rows
-    return builder.finish(max_tasks, {}, segments)

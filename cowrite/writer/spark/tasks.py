@@ -598,66 +598,6 @@ class WriteGroup:
         return pa.table({STAT: pa.array(stats, pa.string())})
 
 
-@dataclass(frozen=True)
-class WriteInserts:
-    """``mapInArrow`` over the input of an insert: writes the new file groups of this task's own records.
-
-    Records bound for a small file group (which other tasks may feed too, and which must be merged with
-    its base file) leave as rows with ``BUCKET`` for a shuffle; every written file leaves as a ``STAT`` row.
-    Output columns: the input's, key, partition path, ``BUCKET``, ``STAT``. A file group is written as
-    soon as its last record arrived, so a task holds only the file groups it is in the middle of.
-    """
-
-    context: WriteContext
-    segments: Mapping[tuple[int, str], Segments]
-    local: frozenset[int]  # route keys of the file groups written here
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        storage = self.context.spec.storage.open()
-        inserts = RankedInserts(self.segments, task_id())
-        expected = {
-            route: rows
-            for (task, _), plan in self.segments.items()
-            if task == inserts.task
-            for route, rows in _sizes(plan).items()
-            if route in self.local
-        }
-        pending: dict[int, list[pa.Table]] = {}
-        filled: Counter[int] = Counter()
-        for chunk in chunks(batches):
-            table = stamp(chunk, self.context.spec)
-            output = pa.schema([*table.schema, pa.field(BUCKET, pa.int64()), pa.field(STAT, pa.string())])
-            for partition, rows in rows_by(table, PARTITION_PATH):
-                routes = inserts.route(partition, rows.num_rows)
-                distinct = np.unique(routes).tolist()
-                for route in distinct:
-                    part = rows if len(distinct) == 1 else rows.filter(pa.array(routes == route))
-                    if route not in self.local:
-                        yield from _routed(part, route, output)
-                        continue
-                    pending.setdefault(route, []).append(part)
-                    filled[route] += part.num_rows
-                    if filled[route] == expected[route]:
-                        stat = self.context.write(storage, route, pa.concat_tables(pending.pop(route)))
-                        yield carrying(output, [stat_to_json(stat)])
-        inserts.check_complete()
-
-
-def _routed(rows: pa.Table, route: int, output: pa.Schema) -> Iterator[pa.RecordBatch]:
-    bucket = pa.array(np.full(rows.num_rows, route, dtype=np.int64))
-    stat = pa.nulls(rows.num_rows, pa.string())
-    yield from rows.append_column(BUCKET, bucket).append_column(STAT, stat).cast(output).to_batches()
-
-
-def _sizes(plan: Segments) -> dict[int, int]:
-    sizes: Counter[int] = Counter()
-    start = 0
-    for end, route in zip(plan.ends, plan.buckets, strict=True):
-        sizes[route] += end - start
-        start = end
-    return dict(sizes)
-
-
 # -- reading -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReadFiles:
