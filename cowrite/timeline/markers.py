@@ -1,9 +1,9 @@
 """Markers: the base files an instant is creating, for writers that cannot list them in their plan.
 
-A writer that plans before it writes (the local engine; ``SparkWriter``'s merges and the inserts that
-fill small file groups) names every base file in its ``.inflight`` plan, and a failed write is cleaned up
-from that plan. A writer that learns its file names only while writing — the Spark data source and
-``SparkWriter``'s appends where the records are, whose tasks write their rows as they see them and whose
+A writer that plans before it writes (the local engine; ``SparkWriter``'s upserts, deletes and
+insert_overwrites) names every base file in its ``.inflight`` plan, and a failed write is cleaned up from
+that plan. A writer that learns its file names only while writing — the Spark data source and
+``SparkWriter``'s inserts and bulk_inserts, whose tasks write their rows as they see them and whose
 driver plans nothing — creates a marker before each base file instead, in Hudi's direct-marker layout::
 
     .hoodie/.temp/<instant>/<partition path>/<base file name>.marker.CREATE

@@ -13,8 +13,11 @@ markers:
   reads the markers too.
 
 New file groups touch no file group of another writer, so such a write conflicts with nobody over file
-groups. What it cannot do is fill the small file groups of a partition: those records must be merged
-with the group's base file in one place (``SparkWriter`` plans such inserts instead).
+groups. Filling the small file groups of a partition needs its records in one place, merged with the
+group's base file: ``SparkWriter``'s inserts set those records aside in the same job
+(:class:`SetAside`) and fill the groups after a shuffle by partition (:class:`FillSmallGroups`); the
+files they write are marked all the same, and the commit's stats name the file groups they touched, for
+the conflict check. The data source cannot shuffle, and fills none.
 """
 
 from __future__ import annotations

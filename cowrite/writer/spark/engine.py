@@ -26,22 +26,18 @@ Upsert, delete, insert_overwrite (the *merge* pipeline)::
       few file groups per write task ─ write_file_group -> stats
     commit
 
-Insert, bulk_insert (the *append* pipelines)::
+Insert, bulk_insert (the *append* pipeline; see :mod:`.append`)::
 
-    where the records are (bulk_insert; an insert when no partition of the table holds a small file
-    group to fill — a new table, or files at the target size; see :mod:`.append`):
-    begin, .inflight (no file named: the markers name them)
+    begin, .inflight (no file named: the markers name them); list the files of every partition (an
+    insert: which partitions hold small file groups, and how many records those have room for)
     1 each task stamps keys and paths and writes its records as new file groups of the target size,
       a marker before each base file -> stats  [null keys and bad partition values fail here: the
       write aborts and deletes every marked file]
+      An insert into partitions with small file groups: each task sets aside, per such partition, as
+      many records as its small file groups have room for ─ shuffle by partition, sorted ─ one task
+      per partition fills them (merged with their base files) and writes the rest as new file groups
+      -> stats
     delete the marked files no task reported (failed attempts), commit, delete the markers
-
-    planned (an insert that fills small file groups):
-    1 rows per (task, partition) and null keys, counted by Spark alone -> driver
-    begin, plan, .inflight
-    2 each task writes the new file groups of its own records (no shuffle); only the records that fill
-      existing small file groups are shuffled to theirs -> stats
-    commit
 
 Why the design looks like this (measured on Spark 4.3, see ``bench/spark_write.py``): moving a row from
 the JVM to a Python worker costs about 40 % of Spark's own parquet write of it (once Spark's row-by-row
@@ -49,17 +45,20 @@ check of the Arrow batch size is lifted, see :mod:`.batching`), and every Spark 
 task has a fixed cost (0.05-0.15 s a job on two cores). So whole rows go to Python once, to be written;
 the steps that only decide (deduplicate, tag, route) see narrow rows; inserts are written where they are;
 the index is read inside the tagging tasks instead of being shuffled; tasks report their counts in their
-own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert where its
-records are runs 1 (plus a 1000-row sample when neither the table's files nor Spark's statistics of a
-cached input tell the size of a row; plus the range shuffle of bulk_insert's GLOBAL_SORT), a planned
-insert 4, an upsert 5. The planned insert and the merge pipeline read their input twice (count, then
-write): an input that is not cached is persisted for the write, as Hudi does, and a task that sees other
-counts than planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`). An insert
-where its records are reads its input once: nothing is persisted.
+own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert runs 1, or 2
+when it fills small file groups (plus a 1000-row sample when neither the table's files nor Spark's
+statistics of a cached input tell the size of a row; plus the range shuffle of bulk_insert's
+GLOBAL_SORT); an upsert 5. The merge pipeline reads its input twice (deduplicate, then write): an input
+that is not cached is persisted for the write, as Hudi does, and a task that sees other counts than
+planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`). An insert reads its
+input once: nothing is persisted.
 
-To know that no partition holds a small file group, the insert lists the files of every partition of
-the table (those its input touches are unknown before a pass over it): one listing, against the count
-job and the persist of the input that the planned path costs.
+An insert does not know which partitions its input touches before it has read it, so it lists the
+files of every partition of the table to find the small file groups: one listing, against the count
+job and the persist of the input that planning from counted rows cost (4 jobs). The price of not
+counting: every task sets aside the small file groups' whole room, so up to (tasks - 1) times that room
+is shuffled for nothing, and the task that fills them writes it as new file groups — at most one more
+partly filled file group per partition than a counted plan opens (which the next insert fills).
 """
 
 from __future__ import annotations
@@ -236,8 +235,8 @@ class SparkWriter:
         """Write ``df`` as one instant; on a conflict retry as configured, each time a new instant.
 
         Raises the local engine's :class:`SchemaError` for input that does not fit the table — before
-        anything is written, except for the null keys and bad partition values of an append written
-        where its records are, which its tasks find (the write then aborts and deletes what it wrote) —,
+        anything is written, except for the null keys and bad partition values of an insert or
+        bulk_insert, which its tasks find (the write then aborts and deletes what it wrote) —,
         the transaction's errors at commit, and :class:`SparkJobError` when a Spark job fails for
         another reason; in every failure case nothing was committed.
         """
