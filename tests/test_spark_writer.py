@@ -358,7 +358,7 @@ def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
     assert engine.metrics.routed_file_groups == 1  # the small file group; the new one stayed local
     # several tasks: small file groups are filled first, as assign_inserts decides for this table (file
     # ids are random, so which file the size estimate comes from differs between two tables); the rest
-    # goes to new file groups that each task opens for its own records, none over the target
+    # goes to new file groups, none over the target
     view = FileSystemView.build(spark_table)
     record_bytes = estimate_record_bytes(view, spark_table.storage, numbered(35, 40), [""])
     sizing = SizingPolicy(target, target, record_bytes)
@@ -376,6 +376,50 @@ def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
     assert sum(s.num_inserts for s in stats) == 40
     assert all(s.num_writes <= sizing.records_per_file for s in stats if s.prev_commit == "null")
     assert snapshot(spark_table) == snapshot(local_table) == rows(numbered(0, 75))
+    assert_hudi_rs_agrees(spark_table)
+
+
+def test_an_insert_fills_the_small_file_groups_of_the_partitions_it_writes_only(
+    spark: Any, tmp_path: Path
+) -> None:
+    probe = create(str(tmp_path / "probe"))
+    local_writer(probe).insert(numbered(0, 10))
+    (base,) = list_base_files(probe)
+    target = 3 * base.size  # room for about 20 more records in each first file
+    properties = {"hoodie.parquet.max.file.size": str(target), "hoodie.parquet.small.file.limit": str(target)}
+    local_table = create(str(tmp_path / "local"), partition_fields=["p"], properties=properties)
+    spark_table = create(str(tmp_path / "spark"), partition_fields=["p"], properties=properties)
+    local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
+
+    def batch(start: int, partitions: str, count: int) -> pa.Table:
+        return frame(
+            *((i, partitions[i % len(partitions)], 1, f"value-{i:06d}") for i in range(start, start + count))
+        )
+
+    first = batch(0, "abc", 30)
+    local.insert(first)
+    engine.insert(spark.createDataFrame(first).coalesce(1))
+    before = {b.partition: b for b in FileSystemView.build(spark_table).latest_base_files()}
+    view = FileSystemView.build(spark_table)
+    sizing = SizingPolicy(
+        target, target, estimate_record_bytes(view, spark_table.storage, first, sorted(view.partitions))
+    )
+    (room,) = [n for _, b, n in assign_inserts("a", 1000, view, sizing) if b is not None]
+    second = batch(30, "ad", 120)  # 60 records of a: more than its small file group takes; d is new
+    local.insert(second)
+    instant = engine.insert(spark.createDataFrame(second).repartition(3))
+    stats = spark_table.commit_metadata(instant).write_stats
+    filled = [s for s in stats if s.prev_commit != "null"]
+    assert [(s.partition_path, s.file_id, s.num_inserts) for s in filled] == [
+        ("a", before["a"].file_id, room)
+    ]
+    assert sum(s.num_inserts for s in stats) == 120 and {s.partition_path for s in stats} == {"a", "d"}
+    assert all(s.num_writes <= sizing.records_per_file for s in stats if s.prev_commit == "null")
+    after = {b.partition: b for b in FileSystemView.build(spark_table).latest_base_files()}
+    assert after["b"] == before["b"] and after["c"] == before["c"]  # untouched partitions keep theirs
+    assert snapshot(spark_table) == snapshot(local_table) == rows(pa.concat_tables([first, second]))
+    assert not spark_table.storage.walk_files(MARKER_DIR)
+    assert_stats_describe_files(spark_table)
     assert_hudi_rs_agrees(spark_table)
 
 
