@@ -91,6 +91,18 @@ def test_stat_gives_size_and_modification_time(storage: Storage) -> None:
     assert before - 2 <= info.modified <= time.time() + 2
 
 
+def test_writes_make_the_directories_they_need_and_leave_nothing_else(storage: Storage) -> None:
+    storage.write("a/b/c/written", b"1")  # none of the directories exists
+    assert storage.create_if_absent("a/b/d/linked", b"2")  # the parent exists, the directory not
+    assert storage.create_if_absent("a/e/empty", b"")
+    assert storage.read("a/b/c/written") == b"1" and storage.read("a/b/d/linked") == b"2"
+    expected = ["a/b/c/written", "a/b/d/linked", "a/e/empty"]
+    assert sorted(info.path for info in storage.walk_files("")) == expected
+    if storage.uri.startswith("/"):  # no temporary file left anywhere, listed or not
+        on_disk = [p.relative_to(storage.uri) for p in Path(storage.uri).rglob("*") if p.is_file()]
+        assert sorted(map(str, on_disk)) == expected
+
+
 def test_create_if_absent_creates_once_and_keeps_the_first_content(storage: Storage) -> None:
     assert storage.create_if_absent("dir/instant", b"first") is True
     assert storage.create_if_absent("dir/instant", b"second") is False

@@ -224,6 +224,19 @@ def _is_not_temp(name: str) -> bool:
     return not name.startswith(_TEMP_PREFIX)
 
 
+_EXCLUSIVE = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+
+
+def _move(move: Callable[[str, str], None], source: str, target: str) -> None:
+    """``move(source, target)`` (a link, a rename, a create), making ``target``'s directory first if it
+    is missing. Only then: checking for it on every write costs a stat and a failed mkdir."""
+    try:
+        move(source, target)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        move(source, target)
+
+
 class LocalStorage(Storage):
     """Local disk, through the ``os`` module where fsspec's generality costs: a writer lists the timeline
     and the lock directory several times per commit, and ``os.scandir`` does that tens of times faster."""
@@ -239,11 +252,15 @@ class LocalStorage(Storage):
         # one of its directory would not make the new name durable anyway. Like Hudi and Delta on a
         # local file system, a crash of the machine itself may lose the last instants written.
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
         if directory != self.root:
             directory = os.path.dirname(directory)
         temp = os.path.join(directory, f"{_TEMP_PREFIX}{uuid.uuid4().hex}")
-        with open(temp, "wb") as stream:
+        try:
+            stream = open(temp, "wb")
+        except FileNotFoundError:  # the first file of its directories
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            stream = open(temp, "wb")
+        with stream:
             stream.write(data)
         return temp
 
@@ -319,7 +336,12 @@ class LocalStorage(Storage):
         target = self.full_path(path)
 
         def replace() -> None:
-            os.replace(self._temp_for(target, data), target)
+            temp = self._temp_for(target, data)
+            try:
+                _move(os.replace, temp, target)
+            except BaseException:
+                os.unlink(temp)
+                raise
 
         self._call(path, replace)
 
@@ -328,9 +350,8 @@ class LocalStorage(Storage):
         if not data:  # nothing to read half-written: an exclusive create is atomic by itself
 
             def create() -> bool:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
                 try:
-                    os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                    _move(lambda _, path: os.close(os.open(path, _EXCLUSIVE, 0o644)), "", target)
                     return True
                 except FileExistsError:
                     return False
@@ -342,7 +363,7 @@ class LocalStorage(Storage):
                 return False
             temp = self._temp_for(target, data)
             try:
-                os.link(temp, target)
+                _move(os.link, temp, target)
                 return True
             except FileExistsError:
                 return False
