@@ -22,6 +22,7 @@ the conflict check. The data source cannot shuffle, and fills none.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -178,21 +179,27 @@ class SetAside:
     as its small file groups have room for — which leave as rows for :class:`FillSmallGroups`.
 
     Output: the set-aside rows (the input's columns, key and partition path; ``STAT`` null), and a
-    ``STAT`` row (every other column null) per written base file.
+    ``STAT`` row (every other column null) per written base file. Its Arrow types are those of the
+    input batches (Spark's choice, string or large string): Spark takes back what it handed out.
     """
 
     files: NewFileGroups
     room: Mapping[str, int]  # partition path -> records its small file groups take
-    schema: pa.Schema  # of the output
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task, token = task_and_token()
-        for written in self.files.write_or_set_aside(batches, task, token, self.room):
+        first = next(batches, None)
+        if first is None:
+            return
+        stamped = stamp(pa.Table.from_batches([first]).slice(0, 0), self.files.spec)
+        schema = stamped.schema.append(pa.field(STAT, pa.string()))
+        everything = itertools.chain([first], batches)
+        for written in self.files.write_or_set_aside(everything, task, token, self.room):
             if isinstance(written, WriteStat):
-                yield carrying(self.schema, [stat_to_json(written)])
+                yield carrying(schema, [stat_to_json(written)])
             else:
                 rows = written.append_column(STAT, pa.nulls(written.num_rows, pa.string()))
-                yield from rows.select(self.schema.names).cast(self.schema).to_batches()
+                yield from rows.select(schema.names).cast(schema).to_batches()
 
 
 @dataclass(frozen=True)

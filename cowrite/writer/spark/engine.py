@@ -354,8 +354,7 @@ class SparkWriter:
             [StructField(f.name, f.dataType, True) for f in data.schema]
             + [StructField(c, StringType(), True) for c in (RECORD_KEY, PARTITION_PATH, STAT)]
         )
-        zone = self.spark.conf.get("spark.sql.session.timeZone") or "UTC"
-        aside = data.mapInArrow(SetAside(files, room, to_arrow_schema(out, timezone=zone)), out)
+        aside = data.mapInArrow(SetAside(files, room), out)
         return (
             aside.repartition(self._write_tasks(), PARTITION_PATH)
             .sortWithinPartitions(PARTITION_PATH)
