@@ -423,6 +423,57 @@ def test_an_insert_fills_the_small_file_groups_of_the_partitions_it_writes_only(
     assert_hudi_rs_agrees(spark_table)
 
 
+def test_two_inserts_filling_one_small_file_group_at_once_conflict(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An insert's plan names no file group (its tasks choose), so whether two inserts filled the same
+    small file group is found at commit, from the stats: one commits, the other conflicts and leaves
+    nothing; retried, it fills what the winner left."""
+    import threading
+
+    from cowrite.timeline.errors import WriteConflictError
+    from cowrite.timeline.transaction import Transaction
+
+    table = create(str(tmp_path / "t"), partition_fields=["p"])
+    first = frame((1, "a", 1, "a1"))
+    SparkWriter(table, spark).insert(spark.createDataFrame(first))
+    barrier = threading.Barrier(2, timeout=120)
+    commit = Transaction.commit
+
+    def both_written_then_commit(self: Transaction, *args: Any, **kwargs: Any) -> Instant:
+        barrier.wait()  # both inserts have written their files: their lifetimes overlap
+        return commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transaction, "commit", both_written_then_commit)
+    batches = [frame((2, "a", 1, "a2")), frame((3, "a", 1, "a3"))]
+    outcomes: list[Any] = [None, None]
+
+    def insert(n: int) -> None:
+        try:
+            outcomes[n] = SparkWriter(table, spark).insert(spark.createDataFrame(batches[n]))
+        except Exception as exc:
+            outcomes[n] = exc
+            barrier.abort()
+
+    threads = [threading.Thread(target=insert, args=(n,)) for n in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    won = [n for n in (0, 1) if isinstance(outcomes[n], Instant)]
+    lost = [n for n in (0, 1) if isinstance(outcomes[n], WriteConflictError)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    (winner,) = won
+    committed = {s.path for i in history(table) for s in table.commit_metadata(i).write_stats}
+    assert {b.path for b in list_base_files(table)} == committed  # the loser's files are gone
+    assert not table.storage.walk_files(MARKER_DIR)
+    assert snapshot(table) == rows(pa.concat_tables([first, batches[winner]])) == hudi_rs.snapshot(table.uri)
+    monkeypatch.setattr(Transaction, "commit", commit)
+    SparkWriter(table, spark).insert(spark.createDataFrame(batches[lost[0]]))  # as a retry would
+    assert snapshot(table) == rows(pa.concat_tables([first, *batches]))
+    assert len({b.file_id for b in list_base_files(table)}) == 1  # one file group, a slice per commit
+
+
 # -- appends where the records are -----------------------------------------------------------------------
 def spark_jobs(spark: Any, action: Callable[[], Any]) -> int:
     """The Spark jobs ``action`` ran (counted by job group, as the benchmark counts them)."""
