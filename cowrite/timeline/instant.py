@@ -53,7 +53,14 @@ def to_millis(time: str) -> int:
 
 def check_time(time: str) -> str:
     """Return ``time`` if it is a valid instant time, else raise :class:`InvalidInstantError`."""
-    if not isinstance(time, str) or not _TIME.fullmatch(time):
+    if not isinstance(time, str):
+        raise InvalidInstantError(f"{time!r} is not an instant time (yyyyMMddHHmmssSSS, 17 digits)")
+    return _checked(time)
+
+
+@lru_cache(maxsize=1 << 16)  # an instant's three files, and every load of a timeline, repeat its times
+def _checked(time: str) -> str:
+    if not _TIME.fullmatch(time):
         raise InvalidInstantError(f"{time!r} is not an instant time (yyyyMMddHHmmssSSS, 17 digits)")
     try:
         _moment(time)
@@ -167,4 +174,4 @@ def _parse(file_name: str) -> Instant:
         raise InvalidInstantError(
             f"{file_name!r}: completed instants, and only they, carry a completion time"
         )
-    return Instant(check_time(requested), action, state, check_time(completion) if underscore else None)
+    return Instant(requested, action, state, completion if underscore else None)  # which checks the times

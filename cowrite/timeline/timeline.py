@@ -13,9 +13,9 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from itertools import compress
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 
 from .errors import CorruptTimelineError
 from .instant import Action, Instant, InvalidInstantError, State, check_time
@@ -74,6 +74,7 @@ def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
 # Writers look at timelines of thousands of instants under the table lock: the views below iterate in C.
 _requested_time = attrgetter("requested_time")
 _completion_time = attrgetter("completion_time")
+_is_none = partial(is_, None)
 
 
 class Timeline:
@@ -173,7 +174,12 @@ class Timeline:
         return self.filter(states=[State.COMPLETED])
 
     def pending(self) -> Timeline:
-        return self.filter(states=[State.REQUESTED, State.INFLIGHT])
+        return self._pending
+
+    @cached_property
+    def _pending(self) -> Timeline:  # looked at under the table lock on every commit
+        pending = map(_is_none, map(_completion_time, self._instants))
+        return Timeline._of_sorted(compress(self._instants, pending))
 
     def data_commits(self) -> Timeline:
         """Completed instants that make base files visible (commit, replacecommit)."""
