@@ -82,7 +82,7 @@ def _forget_after_fork() -> None:
     # A forked child shares its parent's instances: it makes its own rather than steal their events.
     global _per_thread
     _per_thread = _PerThread()
-    listings.__init__()  # type: ignore[misc]  # and its lock, which another thread may have held
+    listings.reset()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -110,7 +110,7 @@ class NewFiles:
         fd = _inotify() if self.directory is not None else None
         if fd is None or self.directory is None or _libc is None:
             return self
-        while self._read(fd):  # events of earlier watches of this thread
+        while _read_events(fd):  # events of earlier watches of this thread
             pass
         self._watch = _libc.inotify_add_watch(fd, os.fsencode(self.directory), _IN_CREATE | _IN_MOVED_TO)
         if self._watch < 0:
@@ -169,7 +169,7 @@ class NewFiles:
     def _created(self) -> bool:
         """Whether the pending events name a wanted file (and consume them)."""
         found, offset = False, 0
-        data = self._read(self._fd) if self._fd is not None else b""
+        data = _read_events(self._fd) if self._fd is not None else b""
         while offset + _EVENT.size <= len(data):
             watch, mask, _, length = _EVENT.unpack_from(data, offset)
             offset += _EVENT.size
@@ -179,12 +179,13 @@ class NewFiles:
                 found = True
         return found
 
-    @staticmethod
-    def _read(fd: int) -> bytes:
-        try:
-            return os.read(fd, 64 * 1024)
-        except BlockingIOError:
-            return b""
+
+def _read_events(fd: int) -> bytes:
+    """The pending events of an inotify instance (whole events only), b"" when there are none."""
+    try:
+        return os.read(fd, 64 * 1024)
+    except BlockingIOError:
+        return b""
 
 
 # File systems all of whose changes pass through this kernel. On a network file system (NFS, SMB, FUSE
@@ -237,6 +238,10 @@ class Listings:
     MAX_DIRECTORIES = 1024
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every listing (a forked child: its parent's watches and lock are not its own)."""
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._failed = False
@@ -316,7 +321,7 @@ class Listings:
             _libc.inotify_rm_watch(self._fd, listing.watch)
 
     def _apply_events(self, fd: int) -> None:
-        while data := NewFiles._read(fd):
+        while data := _read_events(fd):
             offset = 0
             while offset + _EVENT.size <= len(data):
                 watch, mask, _, length = _EVENT.unpack_from(data, offset)
