@@ -168,14 +168,9 @@ class NewFiles:
 
     def _created(self) -> bool:
         """Whether the pending events name a wanted file (and consume them)."""
-        found, offset = False, 0
-        data = _read_events(self._fd) if self._fd is not None else b""
-        while offset + _EVENT.size <= len(data):
-            watch, mask, _, length = _EVENT.unpack_from(data, offset)
-            offset += _EVENT.size
-            name = data[offset : offset + length].rstrip(b"\0")
-            offset += length
-            if mask & _IN_Q_OVERFLOW or (watch == self._watch and self.wanted(os.fsdecode(name))):
+        found = False
+        for watch, mask, name in _pending_events(self._fd) if self._fd is not None else ():
+            if mask & _IN_Q_OVERFLOW or (watch == self._watch and self.wanted(name)):
                 found = True
         return found
 
@@ -186,6 +181,17 @@ def _read_events(fd: int) -> bytes:
         return os.read(fd, 64 * 1024)
     except BlockingIOError:
         return b""
+
+
+def _pending_events(fd: int) -> Iterator[tuple[int, int, str]]:
+    """(watch, mask, name) of every pending event of an inotify instance, in order."""
+    while data := _read_events(fd):
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            watch, mask, _, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size
+            yield watch, mask, os.fsdecode(data[offset : offset + length].rstrip(b"\0"))
+            offset += length
 
 
 # File systems all of whose changes pass through this kernel. On a network file system (NFS, SMB, FUSE
@@ -321,26 +327,20 @@ class Listings:
             _libc.inotify_rm_watch(self._fd, listing.watch)
 
     def _apply_events(self, fd: int) -> None:
-        while data := _read_events(fd):
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                watch, mask, _, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size
-                name = os.fsdecode(data[offset : offset + length].rstrip(b"\0"))
-                offset += length
-                if mask & _IN_Q_OVERFLOW:
-                    for lost in list(self._by_directory.values()):
-                        self._forget(lost)
-                elif (listing := self._by_watch.get(watch)) is None:
-                    continue
-                elif mask & _GONE:
-                    self._forget(listing)
-                elif mask & _ADDED and listing.keep(name):
-                    listing.names.add(name)
-                    listing.snapshot = None
-                elif mask & _REMOVED and name in listing.names:
-                    listing.names.discard(name)
-                    listing.snapshot = None
+        for watch, mask, name in _pending_events(fd):
+            if mask & _IN_Q_OVERFLOW:
+                for lost in list(self._by_directory.values()):
+                    self._forget(lost)
+            elif (listing := self._by_watch.get(watch)) is None:
+                continue
+            elif mask & _GONE:
+                self._forget(listing)
+            elif mask & _ADDED and listing.keep(name):
+                listing.names.add(name)
+                listing.snapshot = None
+            elif mask & _REMOVED and name in listing.names:
+                listing.names.discard(name)
+                listing.snapshot = None
 
 
 listings = Listings()
