@@ -227,14 +227,15 @@ def _is_not_temp(name: str) -> bool:
 _EXCLUSIVE = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 
 
-def _move(move: Callable[[str, str], None], source: str, target: str) -> None:
-    """``move(source, target)`` (a link, a rename, a create), making ``target``'s directory first if it
-    is missing. Only then: checking for it on every write costs a stat and a failed mkdir."""
+def _into_place(target: str, place: Callable[[], None]) -> None:
+    """``place()``, which creates ``target`` (a link, a rename, a create); when ``target``'s directory is
+    missing, it is made and ``place`` runs again. Only then: checking on every write costs a stat and a
+    failed mkdir, more than the write."""
     try:
-        move(source, target)
+        place()
     except FileNotFoundError:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        move(source, target)
+        place()
 
 
 class LocalStorage(Storage):
@@ -338,7 +339,7 @@ class LocalStorage(Storage):
         def replace() -> None:
             temp = self._temp_for(target, data)
             try:
-                _move(os.replace, temp, target)
+                _into_place(target, lambda: os.replace(temp, target))
             except BaseException:
                 os.unlink(temp)
                 raise
@@ -351,7 +352,7 @@ class LocalStorage(Storage):
 
             def create() -> bool:
                 try:
-                    _move(lambda _, path: os.close(os.open(path, _EXCLUSIVE, 0o644)), "", target)
+                    _into_place(target, lambda: os.close(os.open(target, _EXCLUSIVE, 0o644)))
                     return True
                 except FileExistsError:
                     return False
@@ -363,7 +364,7 @@ class LocalStorage(Storage):
                 return False
             temp = self._temp_for(target, data)
             try:
-                _move(os.link, temp, target)
+                _into_place(target, lambda: os.link(temp, target))
                 return True
             except FileExistsError:
                 return False
