@@ -72,6 +72,12 @@ def names(instants: list[Instant]) -> list[str]:
     return sorted(i.file_name for i in instants)
 
 
+def files_of(commit: Instant) -> list[str]:
+    """The timeline files of a completed commit, sorted."""
+    time = commit.requested_time
+    return sorted([f"{time}.commit.requested", f"{time}.inflight", commit.file_name])
+
+
 class Tail:
     """Polls a follower and counts the polls."""
 
@@ -108,11 +114,7 @@ def test_follows_commits_and_a_rollback_without_relisting(table: Table, counted:
 
     commits = [writer.insert(rows([n], p=f"p{n}")) for n in range(2, 6)]
     created, deleted = tail.poll(table)
-    assert created == sorted(
-        name
-        for c in commits
-        for name in (f"{c.requested_time}.commit.requested", f"{c.requested_time}.inflight", c.file_name)
-    )
+    assert created == sorted(name for c in commits for name in files_of(c))
     assert deleted == []
 
     # a writer that planned its write and died; the rollback deletes its pending files
@@ -148,13 +150,7 @@ def test_hidden_and_foreign_files_are_not_instants(table: Table, counted: Counte
     table.storage.write(f"{TIMELINE_DIR}/NOTES.txt", b"not an instant")
     sentinel = LocalWriter(table).insert(rows([1]))
     created, deleted = tail.poll(table)
-    assert created == sorted(
-        [
-            f"{sentinel.requested_time}.commit.requested",
-            f"{sentinel.requested_time}.inflight",
-            sentinel.file_name,
-        ]
-    )
+    assert created == files_of(sentinel)
     assert deleted == []
     tail.check_listings(table, counted)
 
@@ -168,13 +164,7 @@ def test_a_poll_reports_only_new_names(table: Table, counted: Counted) -> None:
     assert tail.poll(table) == ([], [])
     second = writer.insert(rows([2]))
     created, deleted = tail.poll(table)
-    assert created == sorted(
-        [
-            f"{second.requested_time}.commit.requested",
-            f"{second.requested_time}.inflight",
-            second.file_name,
-        ]
-    )
+    assert created == files_of(second)
     assert deleted == []
     assert tail.poll(table) == ([], [])
     tail.check_listings(table, counted)
