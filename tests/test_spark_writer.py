@@ -526,6 +526,13 @@ def test_an_insert_without_small_file_groups_to_fill_is_one_spark_job(spark: Any
     assert snapshot(table) == rows(pa.concat_tables([first, second, third, third, third]))
     assert_stats_describe_files(table)
     assert_hudi_rs_agrees(table)
+    # and an upsert of a few cached rows: collected and deduplicated on the driver (one job of the JVM
+    # alone), tagged by Python tasks, routed and written after a shuffle (two jobs)
+    update = spark.createDataFrame(frame((100, "a", 2, "new"), (100, "a", 1, "older"))).cache()
+    update.count()
+    assert spark_jobs(spark, lambda: engine.upsert(update)) == 4
+    assert engine.metrics.deduplicated_on_driver and engine.metrics.input_rows == 1
+    update.unpersist()
 
 
 def test_files_of_failed_task_attempts_are_deleted_before_the_commit(spark: Any, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ Upsert, delete, insert_overwrite (the *merge* pipeline)::
     1 narrow rows (position, key, partition, ordering columns) ─ shuffle by key ─ stamp key and path,
       deduplicate (latest_per_key) ─ persist; each task reports its rows, smallest and largest key per
       partition (STAT rows) -> driver. (An input Spark knows to hold as few rows as it would
-      broadcast: the deduplicated rows come to the driver instead of being persisted.)
+      broadcast: its narrow rows come to the driver, in a job of the JVM alone, and the driver
+      deduplicates them: no shuffle, nothing persisted.)
       [null keys and bad partition values fail here: nothing has begun]
     begin the transaction
     2 tag: each task reads the keys of the latest base files of its partitions (footers outside its key
@@ -48,10 +49,10 @@ the index is read inside the tagging tasks instead of being shuffled; tasks repo
 own output instead of an aggregation job over it; tasks are few, and so are jobs: an insert runs 1, or 2
 when it fills small file groups (plus a 1000-row sample when neither the table's files nor Spark's
 statistics of a cached input tell the size of a row; plus the range shuffle of bulk_insert's
-GLOBAL_SORT); an upsert 5. The merge pipeline reads its input twice (deduplicate, then write): an input
-that is not cached is persisted for the write, as Hudi does, and a task that sees other counts than
-planned fails the write cleanly (:class:`~.errors.NondeterministicInputError`). An insert reads its
-input once: nothing is persisted.
+GLOBAL_SORT); an upsert 5, or 4 when its input is few rows Spark holds. The merge pipeline reads its
+input twice (deduplicate, then write): an input that is not cached is persisted for the write, as Hudi
+does, and a task that sees other counts than planned fails the write cleanly
+(:class:`~.errors.NondeterministicInputError`). An insert reads its input once: nothing is persisted.
 
 An insert does not know which partitions its input touches before it has read it, so it lists the
 files of every partition of the table to find the small file groups: one listing, against the count
@@ -121,6 +122,8 @@ from .tasks import (
     TagRows,
     WriteContext,
     WriteGroup,
+    deduplicate,
+    key_ranges,
     stamp,
     stat_from_json,
 )
@@ -430,24 +433,28 @@ class SparkWriter:
         local: pa.Table | None = None
         known = _row_count(df)
         if known is not None and self._broadcastable(known):
-            # as few rows as Spark would broadcast: they come to the driver, which hands them to the
+            # as few rows as Spark would broadcast: the narrow rows come to the driver — one job of the
+            # JVM alone, no shuffle, no Python task — which deduplicates them and hands them to the
             # tagging tasks itself (see _tag_here) instead of persisting them
-            collected = self._run("deduplicate", _with_task(deduplicated).toArrow)
-            carried = pc.is_valid(collected.column(STAT))
-            found = collected.column(STAT).filter(carried).to_pylist()
-            local = collected.filter(pc.invert(carried)).drop_columns([STAT])
+            collected = self._run("collect keys", narrow.toArrow)
+            # nullable, as the rows of Python tasks are: routed rows of both kinds are concatenated
+            collected = collected.cast(pa.schema([f.with_nullable(True) for f in collected.schema]))
+            winners = deduplicate(collected, self.spec, ordering, with_paths)
+            local = winners.select([POSITION, RECORD_KEY, PARTITION_PATH]).append_column(
+                TASK, pa.repeat(pa.scalar(0, pa.int32()), winners.num_rows)
+            )
+            found = key_ranges(winners, 0)
             self.metrics.deduplicated_on_driver = True
         else:
             deduplicated = deduplicated.persist(StorageLevel.MEMORY_AND_DISK)
             release.append(deduplicated)
             self.metrics.persisted.append("deduplicated keys")
-            found = self._run("deduplicate", lambda: _carried(deduplicated))
-        key_ranges = [KeyRange.from_json(text) for text in found]
+            found = [KeyRange.from_json(t) for t in self._run("deduplicate", lambda: _carried(deduplicated))]
         ranges: dict[str | None, tuple[int, str, str]] = {}
-        for r in key_ranges:
+        for r in found:
             rows, low, high = ranges.get(r.partition, (0, r.low, r.high))
             ranges[r.partition] = (rows + r.rows, min(low, r.low), max(high, r.high))
-        counts = [Count(r.task, r.partition, None, r.rows) for r in key_ranges if r.partition is not None]
+        counts = [Count(r.task, r.partition, None, r.rows) for r in found if r.partition is not None]
         self.metrics.input_rows = sum(rows for rows, _, _ in ranges.values())
 
         def sample() -> pa.Table:

@@ -234,26 +234,33 @@ class Deduplicate:
         collected = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if not collected:
             return
-        table = pa.concat_tables(collected).sort_by(POSITION)  # input order: ties go to the later row
-        stamped = stamp(table, self.spec, self.with_paths)
-        winners = latest_per_key(stamped, stamped.column(RECORD_KEY), self.ordering)
+        winners = deduplicate(pa.concat_tables(collected), self.spec, self.ordering, self.with_paths)
         output = winners.append_column(STAT, pa.nulls(winners.num_rows, pa.string()))
         yield from output.to_batches()
-        found = winners.group_by(PARTITION_PATH, use_threads=False).aggregate(
-            [(RECORD_KEY, "count"), (RECORD_KEY, "min"), (RECORD_KEY, "max")]
+        yield carrying(output.schema, [r.to_json() for r in key_ranges(winners, task_id())])
+
+
+def deduplicate(narrow: pa.Table, spec: TableSpec, ordering: tuple[str, ...], with_paths: bool) -> pa.Table:
+    """The winner of each record key among ``narrow`` rows (with ``POSITION``), stamped with key and path."""
+    stamped = stamp(narrow.sort_by(POSITION), spec, with_paths)  # input order: ties go to the later row
+    return latest_per_key(stamped, stamped.column(RECORD_KEY), ordering)
+
+
+def key_ranges(winners: pa.Table, task: int) -> list[KeyRange]:
+    """Rows, smallest and largest key of deduplicated ``winners`` per partition path."""
+    found = winners.group_by(PARTITION_PATH, use_threads=False).aggregate(
+        [(RECORD_KEY, "count"), (RECORD_KEY, "min"), (RECORD_KEY, "max")]
+    )
+    return [
+        KeyRange(task, path, rows, low, high)
+        for path, rows, low, high in zip(
+            found.column(PARTITION_PATH).to_pylist(),
+            found.column(f"{RECORD_KEY}_count").to_pylist(),
+            found.column(f"{RECORD_KEY}_min").to_pylist(),
+            found.column(f"{RECORD_KEY}_max").to_pylist(),
+            strict=True,
         )
-        task = task_id()
-        ranges = [
-            KeyRange(task, path, rows, low, high)
-            for path, rows, low, high in zip(
-                found.column(PARTITION_PATH).to_pylist(),
-                found.column(f"{RECORD_KEY}_count").to_pylist(),
-                found.column(f"{RECORD_KEY}_min").to_pylist(),
-                found.column(f"{RECORD_KEY}_max").to_pylist(),
-                strict=True,
-            )
-        ]
-        yield carrying(output.schema, [r.to_json() for r in ranges])
+    ]
 
 
 @dataclass(frozen=True)
