@@ -21,8 +21,9 @@ class SparkJobError(CommitFailedError):
 class NondeterministicInputError(CommitFailedError):
     """The input gave other rows the second time it was computed, so the planned files no longer fit.
 
-    A write reads its input twice (once to count, once to write); a DataFrame that changes between two
-    evaluations (non-deterministic functions, a changing source) must be persisted first.
+    An upsert, delete or insert_overwrite reads its input twice (once to count, once to write); a
+    DataFrame that changes between two evaluations (non-deterministic functions, a changing source) must
+    be persisted first. (Inserts read their input once.)
     """
 
     def __init__(self, task: int, partition: str, planned: int, seen: int) -> None:
