@@ -243,6 +243,17 @@ def fs_lock(
     return FileSystemLock(storage, holder or LockHolder(), policy, fast_retry(), now=now)
 
 
+def test_a_holders_own_release_is_empty_and_reads_as_released_by_it(storage: Storage) -> None:
+    before = time.time()
+    lock = fs_lock(storage, LockHolder(owner="writer-1"))
+    lock.acquire(timeout=5)
+    lock.release()
+    assert storage.read(released_path(1)) == b""  # one exclusive create on the way to the next holder
+    release = read_release(storage, 1)
+    assert (release["owner"], release["reason"]) == ("writer-1", "released")
+    assert before - 2 <= float(release["time"]) <= time.time() + 2  # type: ignore[arg-type]
+
+
 def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:
     # Lexically "lock9" sorts after "lock10"; taking 9 for the highest would re-create lock10 forever.
     for lock_id in (9, 10):

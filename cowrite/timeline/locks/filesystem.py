@@ -117,8 +117,12 @@ def read_holder(storage: Storage, lock_id: int) -> LockHolder:
 def read_release(storage: Storage, lock_id: int) -> dict[str, object]:
     """The payload of ``lock<id>.released``; raises as :func:`read_holder` does."""
     path = released_path(lock_id)
+    data = storage.read(path)
+    if not data:  # released by its holder (see _write_release)
+        owner = read_holder(storage, lock_id).owner
+        return {"owner": owner, "reason": ReleaseReason.RELEASED.value, "time": storage.stat(path).modified}
     try:
-        payload = json.loads(storage.read(path))
+        payload = json.loads(data)
         if not isinstance(payload, dict) or not isinstance(payload.get("owner"), str):
             raise ValueError("no owner")
     except (ValueError, RecursionError) as exc:  # deep nesting exhausts the JSON decoder's recursion
@@ -127,6 +131,11 @@ def read_release(storage: Storage, lock_id: int) -> dict[str, object]:
 
 
 def _write_release(storage: Storage, lock_id: int, owner: str, reason: ReleaseReason, at: float) -> bool:
+    """Create ``lock<id>.released``; False if it exists. A holder's own release is empty: its owner is
+    the lock file's and its time the file's own, and an empty file is created at once (on local disk, no
+    temporary file written, linked and removed) on the way from one holder to the next."""
+    if reason is ReleaseReason.RELEASED:
+        return storage.create_if_absent(released_path(lock_id), b"")
     payload = {"owner": owner, "reason": reason.value, "time": at}
     return storage.create_if_absent(released_path(lock_id), json.dumps(payload, sort_keys=True).encode())
 
