@@ -337,15 +337,29 @@ def run(
 # -- reporting -------------------------------------------------------------------------------------
 
 HEADER = (f"{'engine':<9} {'workload':<9} {'writers':>7} {'commits/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'cpu ms':>7} {'commits':>8} {'conflicts':>9} {'spurious':>8}  errors")
+          f"{'cpu ms':>7} {'commits':>8} {'conflicts':>9} {'spurious':>8} {'create µs':>9}  errors")
 
 
-def line(summary: Summary) -> str:
+def line(summary: Summary, create_us: float) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in summary.errors.items()) or "-"
     cpu = summary.cpu / max(1, len(summary.latencies)) * 1000
     return (f"{summary.engine:<9} {summary.mode:<9} {summary.writers:>7} {summary.rate:>10.1f} "
             f"{summary.percentile(0.5):>8.1f} {summary.percentile(0.99):>8.1f} {cpu:>7.1f} "
-            f"{summary.commits:>8} {summary.conflicts:>9} {str(summary.spurious):>8}  {errors}")
+            f"{summary.commits:>8} {summary.conflicts:>9} {str(summary.spurious):>8} {create_us:>9.0f}  "
+            f"{errors}")
+
+
+def file_create_us(root: Path, files: int = 200) -> float:
+    """CPU µs to create one empty file beside the tables (and remove it): the disk's own price, which a
+    commit pays about twenty times. A quiet ext4 disk asks about 15 µs; phases of 100-400 µs lasting
+    minutes were seen on a shared machine, and every figure of such a phase is worse, ``apart`` included."""
+    probe = Path(tempfile.mkdtemp(dir=root))
+    began = time.process_time()
+    for i in range(files):
+        os.close(os.open(probe / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    spent = time.process_time() - began
+    shutil.rmtree(probe)
+    return spent / files * 1e6
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -406,14 +420,16 @@ def main(argv: list[str] | None = None) -> int:
         for mode, writer_counts in (("disjoint", counts), ("overlap", counts), ("apart", [max(counts)])):
             for writers in writer_counts:
                 profile = args.profile and mode == "disjoint" and writers == max(counts)
+                create_us = file_create_us(root)
                 summary = run("cowrite", mode, writers, commits, root, profile, settings)
                 summaries.append(summary)
-                print(line(summary), flush=True)
+                print(line(summary, create_us), flush=True)
         if with_delta:
             for writers in counts:
+                create_us = file_create_us(root)
                 summary = run("delta-rs", "disjoint", writers, commits, root, False, {})
                 summaries.append(summary)
-                print(line(summary), flush=True)
+                print(line(summary, create_us), flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
