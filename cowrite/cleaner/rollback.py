@@ -69,7 +69,7 @@ def planned_files(table: Table, target: Instant) -> tuple[str, ...]:
                 base = BaseFile.parse(info)
                 if base is not None and base.instant_time == target.requested_time:
                     files.add(info.path)
-    # writers that cannot plan their files up front (the Spark data source) leave markers instead
+    # writers that do not plan their files up front (Spark inserts and the data source) leave markers
     files.update(marked_files(table.storage, target.requested_time))
     return tuple(sorted(files))
 
