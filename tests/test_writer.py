@@ -194,6 +194,16 @@ def test_ordering_field_decides_against_the_stored_record(tmp_path: Path) -> Non
     assert [(s.num_writes, s.num_update_writes, s.num_inserts) for s in stats] == [(3, 2, 0)]
 
 
+def test_an_upsert_counts_one_update_for_a_key_the_base_file_holds_twice(tmp_path: Path) -> None:
+    table = new_table(tmp_path, ordering_fields=["ts"])
+    write = writer(table)
+    write.insert(data((1, "x", 1, "a"), (1, "x", 1, "b"), (2, "x", 1, "c")))  # inserts keep duplicates
+    upsert = write.upsert(data((1, "x", 2, "new"), (3, "x", 2, "inserted")))
+    assert snapshot(table) == expect((1, "x", 2, "new"), (2, "x", 1, "c"), (3, "x", 2, "inserted"))
+    stats = table.commit_metadata(upsert).write_stats
+    assert [(s.num_writes, s.num_update_writes, s.num_inserts) for s in stats] == [(3, 1, 1)]
+
+
 def test_without_ordering_field_the_latest_write_wins(tmp_path: Path) -> None:
     table = new_table(tmp_path)
     write = writer(table)

@@ -127,6 +127,7 @@ def write_file_group(
     name = work.new_path.rsplit("/", 1)[-1]
     existing = read_base_file(storage, work.base_path, recent=recent) if work.base_path else None
     stamped = _stamp(incoming, instant, name)
+    num_updates: int | None = None  # counted below unless the merge knows it
     if existing is None:
         combined = stamped
     else:
@@ -135,23 +136,30 @@ def write_file_group(
         if work.merge:
             # only keys that arrive again are contested; the others are copied without sorting them
             touched = pc.is_in(stored.column(RECORD_KEY), value_set=stamped.column(RECORD_KEY))
-            contested = pa.concat_tables([stored.filter(touched), fresh_rows], promote_options="permissive")
+            again = stored.filter(touched)
+            contested = pa.concat_tables([again, fresh_rows], promote_options="permissive")
             winners = latest_per_key(contested, contested.column(RECORD_KEY), ordering)
             combined = pa.concat_tables(
                 [stored.filter(pc.invert(touched)), winners], promote_options="permissive"
             )
+            # updates: the incoming winners of stored keys, looked up among the contested keys only
+            # (the base file's keys would be a set as large as the file)
+            stored_key = pc.is_in(winners.column(RECORD_KEY), value_set=again.column(RECORD_KEY))
+            num_updates = pc.sum(pc.and_(winners.column(_INCOMING), stored_key)).as_py() or 0
         else:
             combined = pa.concat_tables([stored, fresh_rows], promote_options="permissive")
-    existing_keys = existing.column(RECORD_KEY) if existing is not None else pa.array([], pa.string())
     deletes = 0
     if deleted_keys is not None and len(deleted_keys):
         doomed = pc.is_in(combined.column(RECORD_KEY), value_set=deleted_keys)
         deletes = pc.sum(pc.and_(doomed, pc.invert(_incoming_mask(combined)))).as_py() or 0
         combined = combined.filter(pc.invert(doomed))
+        num_updates = None  # a deleted key may have been an update
     fresh = _incoming_mask(combined)
-    updated = pc.and_(fresh, pc.is_in(combined.column(RECORD_KEY), value_set=existing_keys))
     num_new = pc.sum(fresh).as_py() or 0
-    num_updates = pc.sum(updated).as_py() or 0
+    if num_updates is None:
+        existing_keys = existing.column(RECORD_KEY) if existing is not None else pa.array([], pa.string())
+        updated = pc.and_(fresh, pc.is_in(combined.column(RECORD_KEY), value_set=existing_keys))
+        num_updates = pc.sum(updated).as_py() or 0
     result = _finish(combined, instant, task, name)
     # Encoded in memory and written at once: parquet's many small writes through a Python stream cost
     # more than the encoding itself. Dictionary encoding of the two unique meta columns only costs time
