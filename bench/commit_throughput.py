@@ -19,7 +19,8 @@ imported and opened the table. Workloads:
 
 Per configuration it prints commits/s over the whole run (commits / wall time from the common start to the
 last writer's end), p50/p99 latency of one write call in ms (begin + write + commit, conflicts included),
-commits, conflicts, spurious aborts and the other errors; then the storage calls per commit cowrite made
+commits, conflicts, spurious aborts, what creating a file beside the tables cost just before (the disk's
+price, see ``file_create_us``) and the other errors; then the storage calls per commit cowrite made
 (counted in every writer) with the sizes of the listings; and the ratio cowrite/delta-rs in commits/s.
 This is a benchmark, not a test: it asserts nothing and exits 0 unless a writer crashed.
 """
@@ -351,8 +352,8 @@ def line(summary: Summary, create_us: float) -> str:
 
 def file_create_us(root: Path, files: int = 200) -> float:
     """CPU µs to create one empty file beside the tables (and remove it): the disk's own price, which a
-    commit pays about twenty times. A quiet ext4 disk asks about 15 µs; phases of 100-400 µs lasting
-    minutes were seen on a shared machine, and every figure of such a phase is worse, ``apart`` included."""
+    commit pays about nine times. A quiet ext4 disk asks 10-40 µs; phases of 100-500 µs lasting minutes
+    were seen after heavy churn nearby, and every figure of such a phase is worse, ``apart`` included."""
     probe = Path(tempfile.mkdtemp(dir=root))
     began = time.process_time()
     for i in range(files):
