@@ -59,6 +59,11 @@ def create(uri: str, storage_options: dict[str, Any] | None = None, **kwargs: An
     return Table.create(uri, storage_options=storage_options, **{**arguments, **kwargs})
 
 
+def twins(tmp_path: Path, **kwargs: Any) -> tuple[Table, Table]:
+    """Two tables alike, one for the local engine and one for Spark, to compare what each writes."""
+    return create(str(tmp_path / "local"), **kwargs), create(str(tmp_path / "spark"), **kwargs)
+
+
 def local_writer(table: Table) -> LocalWriter:
     return LocalWriter(table, WriteOptions(config=table.config.with_values(IN_PROCESS)))
 
@@ -142,10 +147,7 @@ def test_every_operation_matches_the_local_engine(
     if routing == "routed-on-the-driver":  # as for an input whose rows Spark does not know in advance
         monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
-    local_table, spark_table = (
-        create(str(tmp_path / "local"), **options),
-        create(str(tmp_path / "spark"), **options),
-    )
+    local_table, spark_table = twins(tmp_path, **options)
     local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
     for operation, batch in BATCHES:
         local.write(batch, operation)
@@ -181,10 +183,7 @@ def test_empty_inputs_write_what_the_local_engine_writes(
     if not held:
         monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
-    local_table, spark_table = (
-        create(str(tmp_path / "local"), **options),
-        create(str(tmp_path / "spark"), **options),
-    )
+    local_table, spark_table = twins(tmp_path, **options)
     local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
     first = frame((1, "a", 1, "a1"), (2, "b", 1, "b2"))
     local.insert(first)
@@ -201,10 +200,7 @@ def test_composite_keys_and_several_hive_style_partition_fields(spark: Any, tmp_
 
     options = {"record_key_fields": ["id", "v"], "partition_fields": ["p", "day"], "ordering_fields": ["ts"],
                "hive_style_partitioning": True}  # fmt: skip
-    local_table, spark_table = (
-        create(str(tmp_path / "local"), **options),
-        create(str(tmp_path / "spark"), **options),
-    )
+    local_table, spark_table = twins(tmp_path, **options)
     day = [dt.date(2026, 1, 2), dt.date(2026, 1, 3)]
 
     def batch(*records: tuple[Any, ...]) -> pa.Table:
@@ -274,10 +270,7 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
     if tagging == "range-partitioned":  # as for a large table: every task reading every file costs too much
         monkeypatch.setattr(engine_module, "IN_PLACE_INDEX_BYTES", -1)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
-    local_table, spark_table = (
-        create(str(tmp_path / "local"), **options),
-        create(str(tmp_path / "spark"), **options),
-    )
+    local_table, spark_table = twins(tmp_path, **options)
     # string keys, written in key order by one task: every file group holds one contiguous key range
     batch = pa.table({
         "id": [f"k{i:03d}" for i in range(40)], "p": ["x"] * 20 + ["y"] * 20,
@@ -582,10 +575,7 @@ def test_input_errors_are_the_local_engines_and_come_before_anything_is_written(
     spark: Any, tmp_path: Path
 ) -> None:
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
-    local_table, spark_table = (
-        create(str(tmp_path / "local"), **options),
-        create(str(tmp_path / "spark"), **options),
-    )
+    local_table, spark_table = twins(tmp_path, **options)
     cases = [
         ("insert", frame((1, "a", 1, "x")).drop_columns(["id"])),
         ("insert", frame((1, "a", 1, "x")).drop_columns(["p"])),
