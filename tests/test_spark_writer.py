@@ -332,13 +332,19 @@ def group_sizes(table: Table) -> list[int]:
     )
 
 
-def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
-    spark: Any, tmp_path: Path
-) -> None:
+def ten_records_size(tmp_path: Path) -> int:
+    """The size of a base file of ten ``numbered`` records, to size the small file limits of a test by."""
     probe = create(str(tmp_path / "probe"))
     local_writer(probe).insert(numbered(0, 10))
     (base,) = list_base_files(probe)
-    target = 2 * base.size + base.size // 20  # room for 10 more records of the first file's size, then 20
+    return base.size
+
+
+def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
+    spark: Any, tmp_path: Path
+) -> None:
+    size = ten_records_size(tmp_path)
+    target = 2 * size + size // 20  # room for 10 more records of the first file's size, then 20
     properties = {"hoodie.parquet.max.file.size": str(target), "hoodie.parquet.small.file.limit": str(target)}
     local_table = create(str(tmp_path / "local"), properties=properties)
     spark_table = create(str(tmp_path / "spark"), properties=properties)
@@ -375,10 +381,8 @@ def test_inserts_fill_small_file_groups_then_open_new_ones_of_the_target_size(
 def test_an_insert_fills_the_small_file_groups_of_the_partitions_it_writes_only(
     spark: Any, tmp_path: Path
 ) -> None:
-    probe = create(str(tmp_path / "probe"))
-    local_writer(probe).insert(numbered(0, 10))
-    (base,) = list_base_files(probe)
-    target = 3 * base.size  # room for about 20 more records in each first file
+    size = ten_records_size(tmp_path)
+    target = 3 * size  # room for about 20 more records in each first file
     properties = {"hoodie.parquet.max.file.size": str(target), "hoodie.parquet.small.file.limit": str(target)}
     local_table = create(str(tmp_path / "local"), partition_fields=["p"], properties=properties)
     spark_table = create(str(tmp_path / "spark"), partition_fields=["p"], properties=properties)
