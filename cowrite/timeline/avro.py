@@ -29,7 +29,7 @@ def write_container(schema: Any, records: list[Any]) -> bytes:
     data = body.getvalue()
     sync = os.urandom(SYNC_SIZE)
     out = io.BytesIO()
-    out.write(_header_without_sync(id(schema), schema))
+    out.write(_header_without_sync(schema))
     out.write(sync)
     fastavro.schemaless_writer(out, "long", len(records))
     fastavro.schemaless_writer(out, "long", len(data))
@@ -78,11 +78,12 @@ def _parsed(schema_text: bytes) -> Any:
 _headers: dict[int, tuple[Any, bytes]] = {}
 
 
-def _header_without_sync(key: int, schema: Any) -> bytes:
-    # fastavro's own header, taken from an empty file it writes (which ends with the sync marker)
-    known = _headers.get(key)
+def _header_without_sync(schema: Any) -> bytes:
+    # fastavro's own header, taken from an empty file it writes (which ends with the sync marker); parsed
+    # schemas are dicts, not hashable: kept by identity
+    known = _headers.get(id(schema))
     if known is None or known[0] is not schema:
         empty = io.BytesIO()
         fastavro.writer(empty, schema, [])
-        known = _headers[key] = (schema, empty.getvalue()[:-SYNC_SIZE])
+        known = _headers[id(schema)] = (schema, empty.getvalue()[:-SYNC_SIZE])
     return known[1]
