@@ -204,6 +204,21 @@ def test_an_upsert_counts_one_update_for_a_key_the_base_file_holds_twice(tmp_pat
     assert [(s.num_writes, s.num_update_writes, s.num_inserts) for s in stats] == [(3, 1, 1)]
 
 
+def test_a_merge_keeps_the_base_files_order_and_appends_new_keys(tmp_path: Path) -> None:
+    """As Hudi's merge: an update takes its stored row's place, a new key follows the stored rows."""
+    table = new_table(tmp_path, ordering_fields=["ts"])
+    write = writer(table)
+    write.insert(data(*[(key, "x", 1, "old") for key in (5, 1, 4, 2, 3)]))
+    stored = read_base_file(table.storage, list_base_files(table)[0].path).column("id").to_pylist()
+    assert stored == [1, 2, 3, 4, 5]  # a new file is sorted by key
+    write.upsert(data((9, "x", 2, "new"), (4, "x", 2, "up"), (2, "x", 0, "loses"), (0, "x", 2, "new")))
+    latest = FileSystemView.build(table).latest_base_files()
+    merged = read_base_file(table.storage, next(iter(latest)).path)
+    assert list(zip(merged.column("id").to_pylist(), merged.column("v").to_pylist(), strict=True)) == [
+        (1, "old"), (2, "old"), (3, "old"), (4, "up"), (5, "old"), (9, "new"), (0, "new")
+    ]  # fmt: skip
+
+
 def test_without_ordering_field_the_latest_write_wins(tmp_path: Path) -> None:
     table = new_table(tmp_path)
     write = writer(table)

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -23,7 +24,7 @@ from .records import (
     FILE_NAME,
     META_COLUMNS,
     RECORD_KEY,
-    latest_per_key,
+    latest_positions,
 )
 
 _INCOMING = "__cowrite_incoming"
@@ -128,23 +129,25 @@ def write_file_group(
     stamped = _stamp(incoming, instant, name)
     num_updates: int | None = None  # counted below unless the merge knows it
     if existing is None:
-        combined = stamped
+        combined = stamped.sort_by(RECORD_KEY)  # a new file's key order helps readers skip row groups
     else:
         stored = existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows))
         fresh_rows = stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows))
         if work.merge:
-            # only keys that arrive again are contested; the others are copied without sorting them
-            touched = pc.is_in(stored.column(RECORD_KEY), value_set=stamped.column(RECORD_KEY))
-            again = stored.filter(touched)
+            # only keys that arrive again are contested; the others are copied as they are
+            touched_at = _positions(pc.is_in(stored.column(RECORD_KEY), value_set=stamped.column(RECORD_KEY)))
+            again = stored.take(touched_at)
             contested = pa.concat_tables([again, fresh_rows], promote_options="permissive")
-            winners = latest_per_key(contested, contested.column(RECORD_KEY), ordering)
-            combined = pa.concat_tables(
-                [stored.filter(pc.invert(touched)), winners], promote_options="permissive"
-            )
-            # updates: the incoming winners of stored keys, looked up among the contested keys only
-            # (the base file's keys would be a set as large as the file)
-            stored_key = pc.is_in(winners.column(RECORD_KEY), value_set=again.column(RECORD_KEY))
-            num_updates = pc.sum(pc.and_(winners.column(_INCOMING), stored_key)).as_py() or 0
+            winners = latest_positions(contested, contested.column(RECORD_KEY), ordering).to_numpy()
+            arriving = fresh_rows.take(winners[winners >= again.num_rows] - again.num_rows)
+            # an arriving winner takes the place of its key's (first) stored row, as Hudi's merge does;
+            # the key's other stored rows lost (a base file may hold a key twice: inserts keep duplicates)
+            slot = pc.index_in(arriving.column(RECORD_KEY), value_set=again.column(RECORD_KEY))
+            kept = np.zeros(again.num_rows, dtype=bool)
+            kept[winners[winners < again.num_rows]] = True
+            kept[slot.drop_null().to_numpy()] = True
+            combined = _placed(stored, arriving, pc.take(touched_at, slot), touched_at[~kept])
+            num_updates = len(slot) - slot.null_count
         else:
             combined = pa.concat_tables([stored, fresh_rows], promote_options="permissive")
     deletes = 0
@@ -207,8 +210,23 @@ def _incoming_mask(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     return pa.repeat(True, table.num_rows)
 
 
+def _placed(stored: pa.Table, arriving: pa.Table, at: pa.Array, dropped: np.ndarray) -> pa.Table:
+    """``stored`` with ``arriving[i]`` in place of row ``at[i]`` and without the rows at ``dropped``;
+    arriving rows whose ``at`` is null (new keys) follow the stored rows, in their order."""
+    count = stored.num_rows
+    order = np.arange(count, dtype=np.int64)
+    valid = pc.is_valid(at)
+    order[at.filter(valid).to_numpy()] = count + _positions(valid)
+    order = np.concatenate([np.delete(order, dropped), count + _positions(pc.invert(valid))])
+    return pa.concat_tables([stored, arriving], promote_options="permissive").take(order)
+
+
+def _positions(mask: pa.Array) -> np.ndarray:
+    return pc.indices_nonzero(mask).to_numpy().astype(np.int64)
+
+
 def _finish(combined: pa.Table, instant: str, task: int, file_name: str) -> pa.Table:
-    """Number the new rows, point every row at its file, put meta columns first, sort by key."""
+    """Number the new rows, point every row at its file, put meta columns first."""
     fresh = _incoming_mask(combined)
     # the new rows' positions only: a merge keeps most rows, with their sequence numbers
     positions = pc.cast(pc.indices_nonzero(fresh), pa.string())
@@ -219,5 +237,4 @@ def _finish(combined: pa.Table, instant: str, task: int, file_name: str) -> pa.T
         table.schema.get_field_index(FILE_NAME), FILE_NAME, pa.repeat(pa.scalar(file_name), table.num_rows)
     )
     data_columns = [c for c in table.column_names if c not in META_COLUMNS and c != _INCOMING]
-    table = table.select([*META_COLUMNS, *data_columns])
-    return table.sort_by(RECORD_KEY)
+    return table.select([*META_COLUMNS, *data_columns])

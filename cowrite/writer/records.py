@@ -81,8 +81,13 @@ def partition_paths(
 
 def latest_per_key(data: pa.Table, keys: pa.ChunkedArray, ordering: Sequence[str]) -> pa.Table:
     """One row per key: the largest ordering value wins, a tie goes to the later row."""
+    return data.take(latest_positions(data, keys, ordering))
+
+
+def latest_positions(data: pa.Table, keys: pa.ChunkedArray, ordering: Sequence[str]) -> pa.Array:
+    """The positions of :func:`latest_per_key`'s rows in ``data``, ascending."""
     if data.num_rows == 0:
-        return data
+        return pa.array([], pa.int64())
     position = pa.array(range(data.num_rows), pa.int64())
     frame = pa.table({"key": keys, "position": position})
     sort_keys = [("key", "ascending", "at_end")]
@@ -95,7 +100,7 @@ def latest_per_key(data: pa.Table, keys: pa.ChunkedArray, ordering: Sequence[str
     # after sorting, the first row of each key is its winner
     first = pc.fill_null(pc.not_equal(ordered_keys, _shifted(ordered_keys)), True)
     winners = pc.filter(indices, first)
-    return data.take(pc.take(winners, pc.sort_indices(winners)))
+    return pc.take(winners, pc.sort_indices(winners))
 
 
 def _shifted(values: pa.Array) -> pa.Array:
