@@ -31,6 +31,7 @@ from cowrite.timeline.markers import MARKER_DIR
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import WriteOptions
 from cowrite.writer import read
+from cowrite.writer.file_group import read_base_file
 from cowrite.writer.local import LocalWriter
 from cowrite.writer.planning import SizingPolicy, assign_inserts, estimate_record_bytes
 from cowrite.writer.spark import SparkJobError, SparkWriter
@@ -241,7 +242,7 @@ def _keyed(table: Table) -> list[Row]:
     return rows(read.snapshot(table, with_meta=True).drop_columns(varying), True)
 
 
-def test_bulk_insert_writes_new_file_groups_sorted_by_partition(spark: Any, tmp_path: Path) -> None:
+def test_bulk_insert_writes_new_file_groups_sorted_by_partition_and_key(spark: Any, tmp_path: Path) -> None:
     table = create(str(tmp_path / "t"), partition_fields=["p"])
     settings = {"hoodie.bulkinsert.shuffle.parallelism": "1"}  # one sort task: one file per partition
     engine = SparkWriter(table, spark, WriteOptions(config=table.config.with_values(settings)))
@@ -255,8 +256,11 @@ def test_bulk_insert_writes_new_file_groups_sorted_by_partition(spark: Any, tmp_
     stats = table.commit_metadata(instant).write_stats
     assert all(s.prev_commit == "null" and s.num_inserts == s.num_writes for s in stats)
     assert small <= {b.path for b in FileSystemView.build(table).latest_base_files()}
-    # sorted by partition, the rows of each partition come together: one new file each
+    # sorted by partition, the rows of each partition come together: one new file each, in key order
     assert sorted(s.partition_path for s in stats) == ["a", "b", "c"]
+    for stat in stats:
+        ids = read_base_file(table.storage, stat.path).column("id").to_pylist()
+        assert ids == sorted(ids) and len(ids) == 10, stat.path
     assert_hudi_rs_agrees(table)
 
 

@@ -210,12 +210,12 @@ def test_a_merge_keeps_the_base_files_order_and_appends_new_keys(tmp_path: Path)
     write = writer(table)
     write.insert(data(*[(key, "x", 1, "old") for key in (5, 1, 4, 2, 3)]))
     stored = read_base_file(table.storage, list_base_files(table)[0].path).column("id").to_pylist()
-    assert stored == [1, 2, 3, 4, 5]  # a new file is sorted by key
+    assert stored == [5, 1, 4, 2, 3]  # an insert keeps its input's order
     write.upsert(data((9, "x", 2, "new"), (4, "x", 2, "up"), (2, "x", 0, "loses"), (0, "x", 2, "new")))
     latest = FileSystemView.build(table).latest_base_files()
     merged = read_base_file(table.storage, next(iter(latest)).path)
     assert list(zip(merged.column("id").to_pylist(), merged.column("v").to_pylist(), strict=True)) == [
-        (1, "old"), (2, "old"), (3, "old"), (4, "up"), (5, "old"), (9, "new"), (0, "new")
+        (5, "old"), (1, "old"), (4, "up"), (2, "old"), (3, "old"), (9, "new"), (0, "new")
     ]  # fmt: skip
 
 

@@ -129,7 +129,7 @@ def write_file_group(
     stamped = _stamp(incoming, instant, name)
     num_updates: int | None = None  # counted below unless the merge knows it
     if existing is None:
-        combined = stamped.sort_by(RECORD_KEY)  # a new file's key order helps readers skip row groups
+        combined = stamped  # in the order given, as Hudi writes inserts (bulk_insert sorts beforehand)
     else:
         stored = existing.append_column(_INCOMING, pa.repeat(False, existing.num_rows))
         fresh_rows = stamped.append_column(_INCOMING, pa.repeat(True, stamped.num_rows))

@@ -368,8 +368,9 @@ class SparkWriter:
         """``df`` as the bulk_insert sort mode wants it, and whether each task's rows come by partition.
 
         GLOBAL_SORT: range partitioned by (partition, key) into the configured tasks, PARTITION_SORT:
-        sorted within the tasks by partition; either way a task finishes one partition's files before
-        the next partition's rows come.
+        as the tasks hold them; either way sorted within each task by (partition, key), as Hudi's sort
+        modes do, so a task finishes one partition's files before the next partition's rows come and
+        each file holds a run of keys.
         """
         table = self.table
         if operation is not SparkOperation.BULK_INSERT:
@@ -381,8 +382,9 @@ class SparkWriter:
         if mode == "GLOBAL_SORT":
             parallelism = self._parallelism(keys.BULKINSERT_SHUFFLE_PARALLELISM)
             data = data.repartitionByRange(parallelism, *table.partition_fields, *table.record_key_fields)
-        sort = mode != "NONE" and bool(table.partition_fields)
-        return (data.sortWithinPartitions(*table.partition_fields) if sort else data), sort
+        if mode == "NONE":
+            return data, False
+        return data.sortWithinPartitions(*table.partition_fields, *table.record_key_fields), True
 
     def _fit_batches(self, df: DataFrame, record_bytes: float | None) -> None:
         """Arrow batches fitted to the rows' size: from the table's files, else from what Spark knows of
