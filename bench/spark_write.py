@@ -14,8 +14,10 @@ timed, so every write reads the same in-memory rows:
   a copy-on-write upsert rewrites every file group it touches — here all of them — so its baseline is
   the same plain write of the whole table; the plain write of the upsert batch alone is printed too.
 
-Each round, on fresh directories after one warm-up round (JIT, Python workers): the plain write, the
-insert, the plain write again, the upsert, the plain write of the upsert batch. The figures are medians
+Each round, on fresh directories after one warm-up round of the same size (the JVM compiles the paths
+that a million rows take, Python workers start; a smaller warm-up left the first round 1.5-2.5x slower
+for the plain write and the engine alike): the plain write, the insert, the plain write again, the
+upsert, the plain write of the upsert batch. The figures are medians
 over the rounds (and the best round), and each engine write is also compared with the plain write just
 before it: on a machine that other work shares, the load drifts between rounds, and a ratio within a
 pair is the less disturbed one (both ratios are printed, each with its verdict). The Spark jobs of each
@@ -276,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
           f"upsert batch {batch.count():,} rows")  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="cowrite-bench-spark-"))
     try:
-        small = spark.createDataFrame(data.limit(10_000).toArrow()).cache()
-        one_round(spark, small, small.sample(fraction=0.1, seed=1).cache(), root / "warm-up", memory)
+        one_round(spark, data, batch, root / "warm-up", memory)
         results = [one_round(spark, data, batch, root / f"round-{n}", memory) for n in range(args.rounds)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
