@@ -123,9 +123,11 @@ from .tasks import (
     WriteContext,
     WriteGroup,
     deduplicate,
+    from_ipc,
     key_ranges,
     stamp,
     stat_from_json,
+    to_ipc,
 )
 
 log = logging.getLogger(__name__)
@@ -670,14 +672,15 @@ class SparkWriter:
         ordered = rows.select(list(columns)).sort_by(order)
         tasks = max(1, min(self.spark.sparkContext.defaultParallelism, partitions or 1, ordered.num_rows))
         size = max(1, -(-ordered.num_rows // tasks))
-        ranges = [ordered.slice(start, size) for start in range(0, ordered.num_rows, size)] or [ordered]
+        slices = [ordered.slice(start, size) for start in range(0, ordered.num_rows, size)] or [ordered]
+        ranges = [to_ipc(s) for s in slices]
         found = self._run(
             "tag",
             lambda: self.spark.sparkContext.parallelize(ranges, len(ranges)).map(tagger.table).collect(),
         )
         counts: list[Count] = []
         tagged: list[pa.Table] = []
-        for task, table in enumerate(found):
+        for task, table in enumerate(map(from_ipc, found)):
             carried = pc.is_valid(table.column(STAT))
             counts.extend(Count.from_json(text) for text in table.column(STAT).filter(carried).to_pylist())
             rows_of_task = table.filter(pc.invert(carried)).drop_columns([STAT])

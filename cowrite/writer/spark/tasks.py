@@ -199,6 +199,19 @@ def rows_by(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
         start += size
 
 
+def to_ipc(table: pa.Table) -> pa.Buffer:
+    """``table`` as an Arrow IPC stream, to hand to a Python RDD: it holds the rows of a slice alone,
+    where a pickled slice carries the whole buffers it is cut from."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def from_ipc(stream: pa.Buffer) -> pa.Table:
+    return pa.ipc.open_stream(stream).read_all()
+
+
 def stat_to_json(stat: WriteStat) -> str:
     return json.dumps(dataclasses.asdict(stat), sort_keys=True)
 
@@ -373,15 +386,17 @@ class TagRows:
         task = task_id()
         yield carrying(schema, [Count(task, p, f, n).to_json() for (p, f), n in counts.items()])
 
-    def table(self, rows: pa.Table) -> pa.Table:
-        """The output for ``rows`` as one table (a job of Python tasks that tag ranges of rows)."""
+    def table(self, rows: pa.Buffer) -> pa.Buffer:
+        """The output for ``rows`` as one table (a job of Python tasks that tag ranges of rows); both as
+        Arrow IPC streams (see :func:`to_ipc`)."""
+        table = from_ipc(rows)
         schema = pa.schema(
             [
-                rows.schema.field(c) if c in rows.column_names else pa.field(c, pa.string())
+                table.schema.field(c) if c in table.column_names else pa.field(c, pa.string())
                 for c in self.columns
             ]
         )
-        return pa.Table.from_batches(list(self(iter(rows.to_batches()))), schema=schema)
+        return to_ipc(pa.Table.from_batches(list(self(iter(table.to_batches()))), schema=schema))
 
     def _tagged(self, storage: Storage, table: pa.Table) -> Iterator[pa.Table]:
         if self.by_key_only:
@@ -410,8 +425,7 @@ class TagRows:
                 continue
             if self.read is not None:
                 self.read.add(1)
-            keys_of_file = index_keys(storage, [base])
-            found.append(keys_of_file.filter(pc.is_in(keys_of_file.column(RECORD_KEY), value_set=wanted)))
+            found.append(index_keys(storage, [base], among=wanted))
         return pa.concat_tables(found)
 
 
