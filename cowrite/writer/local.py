@@ -131,7 +131,8 @@ class LocalWriter:
         elif operation is Operation.INSERT:
             tagged = incoming
         else:
-            index = index_keys(table.storage, view.latest_base_files(), self._recent)
+            wanted = incoming.column(RECORD_KEY).combine_chunks()
+            index = index_keys(table.storage, view.latest_base_files(), self._recent, among=wanted)
             if lookup_all:  # deletes without partition columns: the key decides the partition
                 incoming = incoming.drop_columns([PARTITION_PATH]).join(
                     index.select([RECORD_KEY, PARTITION_PATH]), keys=RECORD_KEY, join_type="inner"

@@ -27,12 +27,18 @@ def new_file_id() -> str:
 
 
 def index_keys(
-    storage: Storage, base_files: Iterable[BaseFile], recent: RecentFiles | None = None
+    storage: Storage,
+    base_files: Iterable[BaseFile],
+    recent: RecentFiles | None = None,
+    among: pa.Array | None = None,
 ) -> pa.Table:
-    """(record key, partition, file id) of every record in the given base files."""
+    """(record key, partition, file id) of every record in the given base files, or of those whose key
+    is ``among`` the given keys (the lookup costs less than two more columns for every key)."""
     parts = []
     for base in base_files:
         keys = read_base_file(storage, base.path, [RECORD_KEY], recent).column(RECORD_KEY)
+        if among is not None:
+            keys = keys.filter(pc.is_in(keys, value_set=among))
         parts.append(
             pa.table(
                 {
