@@ -9,6 +9,7 @@ readers and with hudi-rs. One SparkSession (local[2]) serves the whole run (the 
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -33,12 +34,14 @@ from cowrite.timeline.transaction import WriteOptions
 from cowrite.writer import read
 from cowrite.writer.file_group import read_base_file
 from cowrite.writer.local import LocalWriter
-from cowrite.writer.planning import SizingPolicy, assign_inserts, estimate_record_bytes
+from cowrite.writer.planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
+from cowrite.writer.records import PARTITION_PATH, RECORD_KEY
 from cowrite.writer.spark import SparkJobError, SparkWriter
 from cowrite.writer.spark import engine as engine_module
 from cowrite.writer.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.writer.spark.errors import translate
 from cowrite.writer.spark.plan import route_keys, spark_hash
+from cowrite.writer.spark.tasks import BUCKET, POSITION, TASK, AssignBuckets, AttachRoutes, Segments
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
@@ -684,6 +687,33 @@ def test_route_keys_spread_file_groups_evenly_over_the_write_tasks(spark: Any) -
             .collect()
         )
         assert sorted((r.i, r.task) for r in placed) == [(i, i % tasks) for i in range(count)]
+
+
+def test_routes_of_new_records_of_many_partitions_travel_at_their_own_size() -> None:
+    """New records are routed partition by partition, as slices of the task's rows: the routes pickled
+    with the function that attaches them hold each row once, not every partition's rows per slice."""
+    partitions = [f"p{n:02}" for n in range(50)]
+    tagged = pa.table(
+        {
+            POSITION: pa.array(range(5000), pa.int64()),
+            RECORD_KEY: [str(i) for i in range(5000)],
+            PARTITION_PATH: [partitions[i % 50] for i in range(5000)],
+            FILE_ID: pa.nulls(5000, pa.string()),
+            TASK: pa.array([0] * 5000, pa.int32()),
+        }
+    )
+    segments = {(0, p): Segments((100,), (n,)) for n, p in enumerate(partitions)}
+    routes = AssignBuckets({}, segments).route_tasks(tagged)
+    assert routes.column(0).num_chunks == 50 and len(pickle.dumps(routes)) > 20 * routes.nbytes
+    columns = ("v", RECORD_KEY, PARTITION_PATH, BUCKET)
+    attach = AttachRoutes.of(routes, columns)
+    assert len(pickle.dumps(attach)) < 2 * routes.nbytes
+    rows = pa.table({"v": pa.array(range(6000)), POSITION: pa.array(range(6000), pa.int64())})
+    attached = pa.Table.from_batches(list(attach(iter(rows.to_batches(max_chunksize=700)))))
+    assert attached.column_names == list(columns)
+    assert sorted(zip(*(attached.column(c).to_pylist() for c in columns), strict=True)) == [
+        (i, str(i), partitions[i % 50], i % 50) for i in range(5000)
+    ]
 
 
 def test_writes_bound_arrow_batches_by_rows_and_restore_the_sessions_settings(

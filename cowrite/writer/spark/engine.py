@@ -578,7 +578,7 @@ class SparkWriter:
                         StructField(BUCKET, LongType(), True),
                     ]
                 )
-                routes = AttachRoutes(assign.route_tasks(on_driver), tuple(out.fieldNames()))
+                routes = AttachRoutes.of(assign.route_tasks(on_driver), tuple(out.fieldNames()))
                 routed = whole.mapInArrow(routes, out)
             else:
                 routed_schema = StructType(

@@ -534,19 +534,26 @@ class AttachRoutes:
     broadcast), and travel with the function.
     """
 
-    routes: pa.Table  # POSITION, RECORD_KEY, PARTITION_PATH, BUCKET of every routed row
+    routes: pa.Buffer  # POSITION, RECORD_KEY, PARTITION_PATH, BUCKET of every routed row (see of)
     columns: tuple[str, ...]  # output columns: the input's (without key and path), key, path, BUCKET
 
+    @classmethod
+    def of(cls, routes: pa.Table, columns: tuple[str, ...]) -> AttachRoutes:
+        """The routes travel as an IPC stream (:func:`to_ipc`): those of new records are slices, one per
+        partition, and pickled each would carry every partition's rows."""
+        return cls(to_ipc(routes), columns)
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        positions = self.routes.column(POSITION)
+        routes = from_ipc(self.routes)
+        positions = routes.column(POSITION)
         attached = [RECORD_KEY, PARTITION_PATH, BUCKET]
         for table in chunks(batches):
             found = pc.index_in(table.column(POSITION), value_set=positions)
             kept = pc.is_valid(found)
             rows = table.filter(kept).drop_columns([c for c in attached if c in table.column_names])
-            routes = self.routes.take(found.filter(kept))
+            routed = routes.take(found.filter(kept))
             for name in attached:
-                rows = rows.append_column(name, routes.column(name))
+                rows = rows.append_column(name, routed.column(name))
             yield from rows.select(list(self.columns)).to_batches()
 
 
