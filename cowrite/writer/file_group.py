@@ -140,8 +140,8 @@ def write_file_group(
             contested = pa.concat_tables([again, fresh_rows], promote_options="permissive")
             winners = latest_positions(contested, contested.column(RECORD_KEY), ordering).to_numpy()
             arriving = fresh_rows.take(winners[winners >= again.num_rows] - again.num_rows)
-            # an arriving winner takes the place of its key's (first) stored row, as Hudi's merge does;
-            # the key's other stored rows lost (a base file may hold a key twice: inserts keep duplicates)
+            # an arriving winner takes the place of its key's first stored row, as Hudi's merge does; a
+            # stored row that neither won nor was replaced goes (inserts keep duplicate keys in a file)
             slot = pc.index_in(arriving.column(RECORD_KEY), value_set=again.column(RECORD_KEY))
             kept = np.zeros(again.num_rows, dtype=bool)
             kept[winners[winners < again.num_rows]] = True

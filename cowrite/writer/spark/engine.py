@@ -672,11 +672,10 @@ class SparkWriter:
         ordered = rows.select(list(columns)).sort_by(order)
         tasks = max(1, min(self.spark.sparkContext.defaultParallelism, partitions or 1, ordered.num_rows))
         size = max(1, -(-ordered.num_rows // tasks))
-        slices = [ordered.slice(start, size) for start in range(0, ordered.num_rows, size)] or [ordered]
-        ranges = [to_ipc(s) for s in slices]
+        ranges = [to_ipc(ordered.slice(start, size)) for start in range(0, max(ordered.num_rows, 1), size)]
         found = self._run(
             "tag",
-            lambda: self.spark.sparkContext.parallelize(ranges, len(ranges)).map(tagger.table).collect(),
+            lambda: self.spark.sparkContext.parallelize(ranges, len(ranges)).map(tagger.stream).collect(),
         )
         counts: list[Count] = []
         tagged: list[pa.Table] = []

@@ -386,9 +386,9 @@ class TagRows:
         task = task_id()
         yield carrying(schema, [Count(task, p, f, n).to_json() for (p, f), n in counts.items()])
 
-    def table(self, rows: pa.Buffer) -> pa.Buffer:
-        """The output for ``rows`` as one table (a job of Python tasks that tag ranges of rows); both as
-        Arrow IPC streams (see :func:`to_ipc`)."""
+    def stream(self, rows: pa.Buffer) -> pa.Buffer:
+        """The output for ``rows`` (a job of Python tasks that tag ranges of rows), both as Arrow IPC
+        streams (see :func:`to_ipc`)."""
         table = from_ipc(rows)
         schema = pa.schema(
             [
