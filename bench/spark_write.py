@@ -17,14 +17,14 @@ timed, so every write reads the same in-memory rows:
 Each round, on fresh directories after one warm-up round of the same size (the JVM compiles the paths
 that a million rows take, Python workers start; a smaller warm-up left the first round 1.5-2.5x slower
 for the plain write and the engine alike): the plain write, the insert, the plain write again, the
-upsert, the plain write of the upsert batch. The figures are medians
-over the rounds (and the best round), and each engine write is also compared with the plain write just
-before it: on a machine that other work shares, the load drifts between rounds, and a ratio within a
-pair is the less disturbed one (both ratios are printed, each with its verdict). The Spark jobs of each
-write are counted (job groups). Memory: the JVM's peak heap (sum of the heap pools' peaks), the JVM's and
-the driver's peak resident size, and the largest peak resident size of a Python worker — from /proc, the
-JVM's own management beans and ``resource``, no extra packages. Targets: insert at most 1.5x, upsert at
-most 3x the plain write; everything within the 2 GB heap.
+upsert, the plain write of the upsert batch. The figures are medians over the rounds (and the best
+round), and each engine write is also compared with the plain write just before it: on a machine that
+other work shares, the load drifts between rounds, and a ratio within a pair is the less disturbed one
+(both ratios are printed, each with its verdict). The Spark jobs of each write are counted (job groups).
+Memory: the JVM's peak heap (sum of the heap pools' peaks), the JVM's and the driver's peak resident
+size, and the largest peak resident size of a Python worker — from /proc, the JVM's own management beans
+and ``resource``, no extra packages. Targets: insert at most 1.5x, upsert at most 3x the plain write;
+everything within the 2 GB heap.
 """
 
 from __future__ import annotations
