@@ -8,13 +8,17 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.servers import S3Server
 
 from cowrite.timeline.errors import StorageError
+from cowrite.timeline.fs_view import BaseFile, list_base_files
 from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
 from cowrite.timeline.watch import Listings, listings
 
 RACERS = 8
@@ -80,6 +84,33 @@ def test_walk_files_is_recursive(storage: Storage) -> None:
     walked = {info.path: info.size for info in storage.walk_files("top")}
     assert walked == {"top/file": 1, "top/left/file": 2, "top/right/deeper/file": 3}
     assert len(storage.walk_files()) == 4
+
+
+def test_walk_files_leaves_out_the_skipped_sub_directories(storage: Storage) -> None:
+    for path in ("root-file", "a/file", "a/b/file", ".hoodie/timeline/x", ".hoodie/y", "c/.hoodie/z"):
+        storage.write(path, b"1")
+    walked = sorted(info.path for info in storage.walk_files("", skip=(".hoodie",)))
+    assert walked == ["a/b/file", "a/file", "c/.hoodie/z", "root-file"]  # only the directory's own
+    assert [info.path for info in storage.walk_files("a", skip=("b",))] == ["a/file"]
+
+
+def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_server: S3Server) -> None:
+    """Listing every base file (snapshot reads, an insert's small file groups, the cleaner) of a table
+    with 40 partitions: one request, where one a partition cost 40."""
+    name = f"cowrite-test-{uuid.uuid4().hex}"
+    table = Table.create(
+        f"s3://{s3_server.bucket}/{name}",
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+        storage_options=s3_server.storage_options(),
+    )
+    files = {f"p={p}/{BaseFile.file_name(f'group-{p}', '0-1-0', '20261121000000000')}" for p in range(40)}
+    for path in files:
+        table.storage.write(path, b"parquet")
+    before = s3_server.listings(name)
+    assert {b.path for b in list_base_files(table)} == files
+    assert s3_server.listings(name) - before == 1
 
 
 def test_stat_gives_size_and_modification_time(storage: Storage) -> None:

@@ -113,11 +113,8 @@ class FileSystemView:
 
 def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:
     """Every base file on storage (visible or not), optionally only in some partitions."""
-    if partitions is None:  # the root's files and every directory but .hoodie/ (thousands of files)
-        storage = table.storage
-        listed = storage.list("") + [
-            i for d in storage.list_dirs("") if d != ".hoodie" for i in storage.walk_files(d)
-        ]
+    if partitions is None:
+        listed = table.storage.walk_files("", skip=(".hoodie",))
     else:
         listed = [i for p in partitions for i in table.storage.list(p)]
     return [b for b in (BaseFile.parse(i) for i in listed) if b is not None]

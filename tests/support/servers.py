@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -41,9 +43,13 @@ class _Serialised:
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self._app = app
         self._lock = threading.Lock()
+        self.listings: Counter[str] = Counter()  # prefix -> ListObjectsV2 requests
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
+            if environ["REQUEST_METHOD"] == "GET" and "list-type" in query:
+                self.listings[query.get("prefix", [""])[0]] += 1
             response = self._app(environ, start_response)
             try:
                 return list(response)
@@ -61,6 +67,7 @@ class S3Server:
         self.endpoint_url = ""
         # Port 0: the OS picks a free port when the server binds, so there is no race for it.
         self._moto = ThreadedMotoServer(ip_address=_HOST, port=0, verbose=False)
+        self._app: _Serialised | None = None
 
     def start(self) -> S3Server:
         # Werkzeug logs every request to stderr, which buries the output of a failing test.
@@ -69,7 +76,7 @@ class S3Server:
         # The server object exists only once started; wrap its app before any request arrives.
         server = self._moto._server
         assert server is not None
-        server.app = _Serialised(server.app)
+        server.app = self._app = _Serialised(server.app)
         host, port = self._moto.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
         self.create_bucket(self.bucket)
@@ -85,6 +92,11 @@ class S3Server:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    def listings(self, prefix: str) -> int:
+        """ListObjectsV2 requests so far for keys starting with ``prefix`` (a bucket-relative path)."""
+        assert self._app is not None, "the server is not started"
+        return sum(n for listed, n in self._app.listings.items() if listed.startswith(prefix))
 
     def storage_options(self) -> dict[str, Any]:
         """Options for ``fsspec.filesystem("s3", ...)`` / ``Storage.for_uri``."""
