@@ -172,7 +172,7 @@ class Storage:
         inside = f"{directory}/" if directory else ""
         skipped = tuple(f"{inside}{name}/" for name in skip)
         files = (self._info(e) for e in found.values() if e["type"] == "file" and not _is_temp(e["name"]))
-        return [info for info in files if not info.path.startswith(skipped)] if skipped else list(files)
+        return [info for info in files if not info.path.startswith(skipped)]
 
     def stat(self, path: str) -> FileInfo:
         return self._info(self._call(path, lambda: self.fs.info(self.full_path(path))))
