@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cowrite.cleaner import archive, clean, rollback_failed, service_lock
+from cowrite.cleaner import Cleaned, archive, clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _finish, _start
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
@@ -197,6 +197,31 @@ def test_archival_keeps_the_latest_completion_time(table: Table) -> None:
     archive(table, service_lock(table))
     after = LocalWriter(table).insert(rows(["c"], part="p2"))
     assert (after.completion_time or "") > (done.completion_time or "")
+
+
+def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> None:
+    """Commits that completed while a writer was pending made the file slice it had seen an old version,
+    and the cleaner deleted it before the writer merged into it (FileNotFoundError in the middle of a
+    write; Hudi keeps the earliest commit to retain below the earliest pending one)."""
+    writer = LocalWriter(table)
+    versions = [writer.insert(rows(["a", "b"])), writer.upsert(rows(["a"], ts=2))]
+    prepared = writer._prepare(rows(["b"], ts=5, value="late"), Operation.UPSERT, "input")
+    late = Transaction.begin(table, "upsert", Action.COMMIT, writer.options)
+    versions += [writer.upsert(rows(["a"], ts=3)), writer.upsert(rows(["a"], ts=4))]
+
+    def files_of(cleaned: Cleaned | None) -> list[str]:
+        assert cleaned is not None
+        times = [v.requested_time for v in versions]
+        return sorted(next(t for t in times if t in path) for path in cleaned.deleted)
+
+    # only the version superseded before the late writer began may go
+    assert files_of(clean(table, service_lock(table), 1)) == [versions[0].requested_time]
+    metadata = writer._write_files(late, prepared, Operation.UPSERT)  # reads the slice it saw
+    with pytest.raises(WriteConflictError):
+        late.commit(metadata)
+    rollback_failed(table, service_lock(table), POLICY)
+    assert files_of(clean(table, service_lock(table), 1)) == [v.requested_time for v in versions[1:3]]
+    assert {r["id"]: r["ts"] for r in read.snapshot(table).to_pylist()} == {"a": 4, "b": 1}
 
 
 @pytest.mark.parametrize("mode", list(read.PullMode))

@@ -38,7 +38,6 @@ from ..timeline.timeline import ARCHIVE_DIR, TIMELINE_DIR, Timeline
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Archived:
     path: str  # the archive file written
@@ -53,14 +52,8 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
     keep_from = sorted(i.requested_time for i in commits)[-keep_min] if keep_min else "99999999999999999"
     live_groups: set[tuple[str, str]] | None = None
     # A pending writer checks for conflicts only against the completed instants it can still see; one
-    # that completed after the writer claimed its instant must stay until the writer is done. The
-    # storage's modification times order the two: both files are created under the table lock.
-    modified = {info.name: info.modified for info in table.storage.list(TIMELINE_DIR)}
-    claims = [
-        modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
-        for i in timeline.pending()
-    ]
-    oldest_claim = min(claims, default=float("inf"))
+    # that completed after the writer claimed its instant must stay until the writer is done.
+    seen = table.seen_by_every_pending(timeline)
     # New instant and completion times are taken above those on the timeline: the instants holding the
     # latest of each stay, or times could repeat, or go back, after archival.
     latest_requested = max(i.requested_time for i in timeline)
@@ -69,7 +62,7 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
     for instant in timeline:
         if not instant.is_completed or instant.requested_time >= keep_from:
             break
-        if modified.get(instant.file_name, float("inf")) >= oldest_claim:
+        if instant.requested_time not in seen:
             break
         if instant.requested_time == latest_requested or instant.completion_time == latest_completion:
             break
@@ -96,7 +89,7 @@ def archive(
         chosen = archivable(table, timeline, keep_min, keep_max)
         if not chosen:
             return None
-        files = {info.name for info in table.storage.list(".hoodie/timeline")}
+        files = {info.name for info in table.storage.list(TIMELINE_DIR)}
         steps = [[step for step in _states(instant) if step.file_name in files] for instant in chosen]
         records = [
             {

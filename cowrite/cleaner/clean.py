@@ -4,7 +4,9 @@ With ``E`` the earliest requested time among the last N completed data commits, 
 when a newer base file of its file group was written at or before ``E`` (no retained commit, and no time
 travel to one, can see it), and every file of a file group that a replacecommit requested at or before
 ``E`` replaced. The latest file of a live file group, files of pending instants, and anything a retained
-commit wrote are never touched.
+commit wrote are never touched. Nor is what a pending writer may still read: the newer file, or the
+replacecommit, must have completed before every pending instant was claimed (as Hudi keeps the earliest
+commit to retain below the earliest pending one).
 
 The plan is recorded in ``<t>.clean.requested`` before deleting, so a crashed clean is finished by the
 next run; deleting only superseded files never makes garbage visible to a reader.
@@ -45,16 +47,11 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
     )
     completed = {i.requested_time for i in commits}
     first = timeline.first.requested_time if timeline.first else ""
-    # A writer that began before a clustering completed may still revert it (ingestion first): the
-    # clustering's inputs stay until no such writer is pending.
-    oldest_pending = min((i.requested_time for i in timeline.pending()), default=None)
-    settled = [
-        i
-        for i in commits
-        if i.requested_time <= earliest
-        and not (oldest_pending and oldest_pending < (i.completion_time or "") and table.is_clustering(i))
-    ]
-    gone = replaced_file_groups(table, settled)
+    # A pending writer reads the file slices that were latest when it claimed its instant (and may revert
+    # a clustering it began before): only what every pending instant saw supersedes or replaces anything.
+    seen = table.seen_by_every_pending(timeline)
+    settled = {i.requested_time for i in commits if i.requested_time <= earliest and i.requested_time in seen}
+    gone = replaced_file_groups(table, [i for i in commits if i.requested_time in settled])
 
     groups: dict[tuple[str, str], list[BaseFile]] = {}
     for base in list_base_files(table):
@@ -68,7 +65,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
             doomed.extend(files)
             continue
         for older, newer in zip(files, files[1:], strict=False):
-            if newer.instant_time <= earliest:
+            if newer.instant_time in settled or newer.instant_time < first:
                 doomed.append(older)
     if not doomed:
         return None

@@ -229,6 +229,26 @@ class Table:
         floor = max(to_millis(requested_time), to_millis(latest) if latest else 0)
         return from_millis(max(now_millis, floor + 1))
 
+    def seen_by_every_pending(self, timeline: Timeline) -> frozenset[str]:
+        """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
+
+        A pending writer's view and conflict check were built on the timeline of its claim; an instant
+        completed later is news to it. Both files are created under the table lock, so the storage's
+        modification times order them (one clock for everybody; a tie counts as unseen).
+        """
+        completed = [i for i in timeline if i.is_completed]
+        pending = list(timeline.pending())
+        if not pending:
+            return frozenset(i.requested_time for i in completed)
+        modified = {info.name: info.modified for info in self.storage.list(TIMELINE_DIR)}
+        oldest_claim = min(
+            modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
+            for i in pending
+        )
+        return frozenset(
+            i.requested_time for i in completed if modified.get(i.file_name, float("inf")) < oldest_claim
+        )
+
     def rollback_plan(self, rollback: Instant) -> RollbackPlan:
         """The plan a rollback instant recorded in its ``.requested`` file."""
         path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
