@@ -11,6 +11,8 @@ import pytest
 from support import hudi_rs
 from support.hudi_rs import rows
 
+from cowrite.cleaner import clean, service_lock
+from cowrite.timeline.errors import TimeTravelCleanedError
 from cowrite.timeline.storage import Storage
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import WriteOptions
@@ -65,6 +67,9 @@ def test_snapshot_time_travel_and_incremental_match_the_arrow_readers(spark: Any
     assert spark_rows(snapshot(spark, table, columns=["v", "id"])) == rows(
         read.snapshot(table, columns=["v", "id"])
     )
+    clean(table, service_lock(table), commits_retained=1)  # the first versions of groups a and b go
+    with pytest.raises(TimeTravelCleanedError, match="retain more commits"):
+        snapshot(spark, table, as_of=min(timeline.requested_times))
 
 
 def test_column_types_read_back_as_written(spark: Any, tmp_path: Path) -> None:

@@ -80,8 +80,7 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
         pending = list(timeline.pending().filter(actions=[Action.CLEAN]))
         if pending:
             instant = pending[0]
-            path = table.instant_path(Instant(instant.requested_time, Action.CLEAN, State.REQUESTED))
-            plan = CleanPlan.from_bytes(table.storage.read(path), table.storage.full_path(path))
+            plan = table.clean_plan(instant)
         else:
             new_plan = plan_clean(table, timeline, commits_retained)
             if new_plan is None:

@@ -86,6 +86,14 @@ class CommitStateUnknownError(CowriteError):
     """Publishing may or may not have happened; reload the timeline and look for the instant first."""
 
 
+class TimeTravelCleanedError(CowriteError):
+    """A time travel to an instant whose file versions the cleaner may have deleted (Hudi refuses it too).
+
+    Travel to the cleaner's earliest retained commit or later, or retain more commits
+    (``hoodie.cleaner.commits.retained``).
+    """
+
+
 class CheckpointArchivedError(CowriteError):
     """Commits after an incremental consumer's checkpoint were archived: pulling on would skip them.
 

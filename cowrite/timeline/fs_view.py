@@ -18,7 +18,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .instant import Instant
+from . import config as keys
+from .errors import TimeTravelCleanedError
+from .instant import Action, Instant
 from .storage import FileInfo
 from .table import Table
 from .timeline import Timeline
@@ -80,6 +82,8 @@ class FileSystemView:
         partitions: Iterable[str] | None = None,
     ) -> FileSystemView:
         timeline = timeline if timeline is not None else table.timeline()
+        if as_of is not None:
+            check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]
         visible_times = {i.requested_time for i in commits}
         first = timeline.first.requested_time if timeline.first else None
@@ -109,6 +113,24 @@ class FileSystemView:
     @property
     def partitions(self) -> set[str]:
         return {p for p, _ in self.groups}
+
+
+def check_time_travel(table: Table, timeline: Timeline, as_of: str) -> None:
+    """Raise :class:`TimeTravelCleanedError` if the last clean may have deleted file versions of ``as_of``.
+
+    Cleaning keeps the versions the commits from its earliest retained one on need; older snapshots may
+    have lost some of theirs, and reading them would silently miss those rows.
+    """
+    last_clean = timeline.filter(actions=[Action.CLEAN]).completed().last
+    if last_clean is None:
+        return
+    earliest = table.clean_plan(last_clean).earliest_retained
+    if as_of < earliest:
+        raise TimeTravelCleanedError(
+            f"cannot travel to {as_of} on table {table.name}: the cleaner has deleted file versions of "
+            f"commits before {earliest} (clean {last_clean.requested_time}); travel to {earliest} or "
+            f"later, or retain more commits ({keys.CLEANER_COMMITS_RETAINED.key})"
+        )
 
 
 def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:

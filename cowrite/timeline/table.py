@@ -33,7 +33,7 @@ from .errors import (
     TableNotFoundError,
 )
 from .instant import Action, Instant, State, from_millis, to_millis
-from .service_metadata import RollbackPlan
+from .service_metadata import CleanPlan, RollbackPlan
 from .storage import Storage
 from .timeline import TIMELINE_DIR, Timeline
 
@@ -249,6 +249,11 @@ class Table:
             i.requested_time for i in completed if modified.get(i.file_name, float("inf")) < oldest_claim
         )
 
+    def clean_plan(self, clean: Instant) -> CleanPlan:
+        """The plan a clean instant recorded in its ``.requested`` file."""
+        path = self.instant_path(Instant(clean.requested_time, Action.CLEAN, State.REQUESTED))
+        return _read_clean_plan(self.storage, path)
+
     def rollback_plan(self, rollback: Instant) -> RollbackPlan:
         """The plan a rollback instant recorded in its ``.requested`` file."""
         path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
@@ -309,6 +314,11 @@ def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
             "meanwhile?); reload and retry"
         ) from None
     return CommitMetadata.from_bytes(data, storage.full_path(path))
+
+
+@lru_cache(maxsize=1024)
+def _read_clean_plan(storage: Storage, path: str) -> CleanPlan:
+    return CleanPlan.from_bytes(storage.read(path), storage.full_path(path))
 
 
 @lru_cache(maxsize=1024)
