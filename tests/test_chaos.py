@@ -26,9 +26,10 @@ from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
 from cowrite.timeline import config as keys
+from cowrite.timeline.commit_metadata import CommitMetadata
 from cowrite.timeline.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
-from cowrite.timeline.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
-from cowrite.timeline.instant import Action, State
+from cowrite.timeline.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
+from cowrite.timeline.instant import Action, State, from_millis
 from cowrite.timeline.locks.filesystem import ReleaseReason, _write_release, current_lock
 from cowrite.timeline.storage import Storage
 from cowrite.timeline.table import Table
@@ -252,27 +253,94 @@ def _poll_daemon(table: Table) -> None:
     assert service.status.up, service.status.error
 
 
+@pytest.mark.parametrize("expired", ["before the claim", "during the claim"])
 def test_a_writer_that_lost_its_begin_lock_does_not_keep_its_claim(
-    table: Table, monkeypatch: pytest.MonkeyPatch
+    table: Table, monkeypatch: pytest.MonkeyPatch, expired: str
 ) -> None:
     """A writer paused while holding the lock to claim an instant was expired meanwhile; it then claimed a
-    time from its stale timeline, possibly below instants others claimed since, and wrote on."""
+    time from its stale timeline (below instants others claimed since, or one that another claimant took
+    for another action: two instants of one time) and wrote on."""
     LocalWriter(table).insert(rows(["a"]))
-    original = Table.claim_instant
+    ahead = time.time() + 3600
+    clash = from_millis(int(ahead * 1000))  # the time the writer picks: its clock is ahead of the timeline
 
-    def claim_after_losing_the_lock(self: Table, *args: object, **kwargs: object) -> object:
-        held = current_lock(self.storage)
+    def expire_and_claim_first() -> None:
+        held = current_lock(table.storage)
         assert held is not None
-        _write_release(self.storage, held.lock_id, "someone", ReleaseReason.EXPIRED, time.time())
-        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+        _write_release(table.storage, held.lock_id, "someone", ReleaseReason.EXPIRED, time.time())
+        table.storage.write(f"{TIMELINE_DIR}/{clash}.clean.requested", b"")  # the one who expired it
 
-    monkeypatch.setattr(Table, "claim_instant", claim_after_losing_the_lock)
+    if expired == "before the claim":
+        original_claim = Table.claim_instant
+
+        def claim(self: Table, *args: object, **kwargs: object) -> object:
+            expire_and_claim_first()
+            return original_claim(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Table, "claim_instant", claim)
+    else:
+        backend, original_create = type(table.storage), type(table.storage).create_if_absent
+
+        def create(self: Storage, path: str, data: bytes) -> bool:
+            if path.endswith(".commit.requested"):
+                expire_and_claim_first()
+            return original_create(self, path, data)
+
+        monkeypatch.setattr(backend, "create_if_absent", create)
+    options = WriteOptions(config=table.config, clock=lambda: ahead)
     with pytest.raises(LeaseLostError, match="was lost"):
-        Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
-    monkeypatch.setattr(Table, "claim_instant", original)
-    [pending] = table.timeline().pending()
-    [done] = rollback_failed(table, service_lock(table), POLICY)  # marked aborted: no need to wait
-    assert done.target == pending.requested_time and not table.timeline().pending()
+        Transaction.begin(table, "insert", options=options)
+    monkeypatch.undo()
+    assert [(i.requested_time, i.action, i.state) for i in table.timeline().pending()] == [
+        (clash, Action.CLEAN, State.REQUESTED)
+    ]
+    assert not table.storage.exists(heartbeat_path(clash))
+
+
+def test_a_writer_paused_before_its_first_heartbeat_does_not_start_afresh(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer paused between its claim and its first heartbeat was rolled back meanwhile; it resumed with
+    a fresh lease and wrote ``.inflight`` again: a pending instant after its completed rollback, which no
+    cleaner rolled back again and which won every conflict from then on."""
+    LocalWriter(table).insert(rows(["a"]))
+    original_start = Heartbeat.start
+    rolled_back: list[str] = []
+
+    def paused_start(self: Heartbeat) -> Heartbeat:
+        time.sleep(POLICY.tolerance + 0.1)  # others now take the writer for failed, by its .requested file
+        rolled_back.extend(r.target for r in rollback_failed(table, service_lock(table), POLICY))
+        return original_start(self)
+
+    monkeypatch.setattr(Heartbeat, "start", paused_start)
+    with pytest.raises(LeaseLostError, match="not renewed"):
+        LocalWriter(table).upsert(rows(["a"], ts=2, value="paused"))
+    monkeypatch.undo()
+    assert len(rolled_back) == 1 and not table.timeline().pending()
+    assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
+
+
+def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
+    """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
+    made every later cleaner skip it, so it stayed pending for good."""
+    LocalWriter(table).insert(rows(["a"]))
+    zombie, _ = staged(table, rows(["a"], ts=2, value="zombie"), Operation.UPSERT)
+    assert zombie.heartbeat is not None and zombie.instant is not None
+    zombie.heartbeat.stop(delete=False)
+    inflight = table.instant_path(zombie.instant)
+    plan = table.storage.read(inflight)
+    written = sorted(s.path for s in CommitMetadata.from_bytes(plan, inflight).write_stats)
+    later = time.time() + 10 * POLICY.tolerance
+    [first] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert first.target == zombie.instant_time and sorted(first.deleted) == written
+    assert not table.timeline().pending()
+    table.storage.write(inflight, plan)  # resumed: its lease check had passed before the pause
+    for path in written:
+        table.storage.write(path, b"garbage")
+    [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert second.target == zombie.instant_time and sorted(second.deleted) == written
+    assert not table.timeline().pending()
+    assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
 
 
 def test_two_cleaners_finish_one_rollback_once(table: Table) -> None:

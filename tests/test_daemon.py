@@ -394,7 +394,9 @@ def test_a_failed_write_waiting_for_a_busy_lock_stays_reported_with_its_garbage(
     dead.heartbeat.stop(delete=False)
     # a live writer (its instant on the timeline, its heartbeat renewed) keeps the lock the rollback needs;
     # a heartbeat of an instant the timeline does not show would be collected as an orphan
-    blocker = table.claim_instant(table.timeline(), Action.COMMIT, int(time.time() * 1000)).requested_time
+    with service_lock(table) as claiming:
+        now = int(time.time() * 1000)
+        blocker = table.claim_instant(table.timeline(), Action.COMMIT, now, lock=claiming).requested_time
     heartbeat = Heartbeat(table.storage, blocker, target.policy).start()
     lock = FileSystemLock(table.storage, LockHolder(instant=blocker), target.policy)
     lock.acquire()

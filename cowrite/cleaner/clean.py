@@ -86,7 +86,7 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
             if new_plan is None:
                 return None
             plan = new_plan
-            instant = table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes())
+            instant = table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes(), lock=lock)
     started = time.monotonic()
     # A plan only ever names superseded or replaced base files; anything else in it (a damaged or forged
     # plan) is left alone: never a path outside the table, never the file a reader sees in its group.

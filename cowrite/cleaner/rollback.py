@@ -86,10 +86,13 @@ def _start(
         if not judge(table, current, policy, now).failed:
             log.info("%s is alive again; not rolling it back", current)
             return None
-        if _rolled_back_by(table, timeline, current.requested_time) is not None:
+        earlier = _rolled_back_by(table, timeline, current.requested_time)
+        if earlier is not None and not earlier.is_completed:
             return None  # another cleaner recorded its rollback first; whoever runs ours finishes that one
+        # After a completed rollback the instant is back: its writer, paused between its last lease
+        # check and writing ``.inflight``, wrote it when it resumed. It is rolled back once more.
         plan = RollbackPlan(current.requested_time, current.action.value, planned_files(table, current))
-        return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes())
+        return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes(), lock=lock)
 
 
 def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | None:

@@ -96,13 +96,17 @@ class Heartbeat:
         policy: HeartbeatPolicy,
         owner: str = "",
         clock: Callable[[], float] = time.monotonic,
+        leased_at: float | None = None,
     ) -> None:
+        """``leased_at`` (on ``clock``): when the lease began, if before the first renewal. A writer's
+        lease runs from its claim, since others judge the instant by its ``.requested`` file until the
+        first heartbeat: a writer paused in between past the tolerance must not start afresh."""
         self.storage = storage
         self.instant = instant
         self.policy = policy
         self.owner = owner
         self.clock = clock
-        self._renewed_at: float | None = None
+        self._renewed_at: float | None = leased_at
         self._lost: str | None = None
         self._failure = "renewals are late"
         self._stopped = False

@@ -18,7 +18,7 @@ import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jproperties import Properties
 
@@ -27,7 +27,9 @@ from .commit_metadata import CommitMetadata
 from .config import Config
 from .errors import (
     ConfigError,
+    CowriteError,
     InvalidTablePropertiesError,
+    LeaseLostError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
@@ -36,6 +38,9 @@ from .instant import Action, Instant, State, from_millis, to_millis
 from .service_metadata import CleanPlan, RollbackPlan
 from .storage import Storage
 from .timeline import TIMELINE_DIR, Timeline
+
+if TYPE_CHECKING:
+    from .locks import TableLock
 
 log = logging.getLogger(__name__)
 
@@ -205,22 +210,43 @@ class Table:
         return _read_commit_metadata(self.storage, self.instant_path(instant))
 
     def claim_instant(
-        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes | Callable[[str], bytes] = b""
+        self,
+        timeline: Timeline,
+        action: Action,
+        now_millis: int,
+        plan: bytes | Callable[[str], bytes] = b"",
+        *,
+        lock: TableLock,
     ) -> Instant:
         """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
 
         Test-and-set: the file is created only if absent, so two claimants never share a time; taking
         the time after the timeline's newest instant keeps times unique and ordered whatever the
-        claimants' clocks (callers hold the table lock, so ``timeline`` is current).
+        claimants' clocks. Both rest on ``lock``, the table lock the caller holds (``timeline`` was
+        loaded under it): a claimant paused past the lock's lease may have picked, from a stale timeline,
+        a time someone else has since claimed for another action (another file name). So the lock is
+        checked before and after the claim, and a claim made without it is withdrawn: it raises
+        :class:`LeaseLostError`, and nothing of it stays (lock expiry is final, so a lock still held
+        after the claim was held throughout).
         """
         newest = timeline.last.requested_time if timeline.last else None  # the timeline is in time order
         millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
+        lock.check_held()
         while True:
             instant = Instant(from_millis(millis), action, State.REQUESTED)
             content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
             if self.storage.create_if_absent(self.instant_path(instant), content):
-                return instant
+                break
             millis += 1
+        try:
+            lock.check_held()
+        except LeaseLostError:
+            try:
+                self.storage.delete(self.instant_path(instant))
+            except CowriteError as exc:  # nothing was written under it: a rollback removes it later
+                log.warning("could not withdraw %s, claimed without the lock: %s", instant, exc)
+            raise
+        return instant
 
     @staticmethod
     def completion_time(timeline: Timeline, requested_time: str, now_millis: int) -> str:

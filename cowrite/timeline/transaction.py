@@ -122,28 +122,31 @@ class Transaction:
         self.lock.acquire()
         try:
             timeline = self.table.timeline()
-            requested = self.table.claim_instant(timeline, self.action, int(self.options.clock() * 1000))
+            # The claim counts only if the lock was held while making it (claim_instant checks, and
+            # withdraws it if not). A writer paused (or slowed by its storage) past the lock's lease may
+            # have been expired, and others may have claimed later times meanwhile: its time, picked from
+            # a stale timeline, could then be older than theirs (readers that checkpoint by requested
+            # time would skip it), or equal to one claimed for another action.
+            claiming = time.monotonic()
+            requested = self.table.claim_instant(
+                timeline, self.action, int(self.options.clock() * 1000), lock=self.lock
+            )
             self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
             self.instant = requested
             self.begin_timeline = timeline
             heartbeat = Heartbeat(
-                self.table.storage, requested.requested_time, self.options.heartbeat_policy, self.holder.owner
+                self.table.storage,
+                requested.requested_time,
+                self.options.heartbeat_policy,
+                self.holder.owner,
+                leased_at=claiming,
             )
             self.heartbeat = heartbeat
-            # The claim counts only if the lock was held while making it. A writer paused (or slowed by
-            # its storage) past the lock's lease may have been expired, and others may have claimed
-            # later times meanwhile: its time, picked from a stale timeline, could then be older than
-            # theirs, and readers that checkpoint by requested time would skip it. Lock expiry is final,
-            # so a lock still held now was held throughout.
-            try:
-                self.lock.check_held()
-            except LeaseLostError:
-                heartbeat.mark_aborted("lease-lost")  # rolled back at once, not after the tolerance
-                raise
         finally:
             self._release_lock()
         # Outside the lock: until its first heartbeat a new instant is judged by its .requested file,
-        # which was just written, so nobody can take it for failed meanwhile.
+        # which was just written, so nobody can take it for failed meanwhile. Its lease runs from the
+        # claim: paused here past the tolerance, the writer may have been rolled back, and fails to start.
         heartbeat.start()
         log.debug("began %s on %s", requested, self.table)
 

@@ -123,7 +123,7 @@ def schedule_clustering(
             ).to_bytes(Action.REPLACE_COMMIT)
 
         now_ms = int((time.time() if now is None else now) * 1000)
-        return table.claim_instant(timeline, Action.REPLACE_COMMIT, now_ms, plan_for)
+        return table.claim_instant(timeline, Action.REPLACE_COMMIT, now_ms, plan_for, lock=lock)
 
 
 def execute_clustering(
@@ -222,7 +222,7 @@ def revert_clusterings(table: Table, written: Mapping[tuple[str, str], str]) -> 
             for partition, file_id in made:
                 replaced.setdefault(partition, set()).add(file_id)
         now = int(transaction.options.clock() * 1000)
-        requested = table.claim_instant(timeline, Action.REPLACE_COMMIT, now)
+        requested = table.claim_instant(timeline, Action.REPLACE_COMMIT, now, lock=transaction.lock)
         jobs = [(partition, f"{uuid.uuid4()}-0", source) for partition, source in sources]
         stats = []
         planned = CommitMetadata(
