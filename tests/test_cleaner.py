@@ -16,7 +16,12 @@ from support import hudi_rs
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _start
 from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import LeaseLostError, TimeTravelCleanedError, WriteConflictError
+from cowrite.timeline.errors import (
+    BaseFileGoneError,
+    LeaseLostError,
+    TimeTravelCleanedError,
+    WriteConflictError,
+)
 from cowrite.timeline.fs_view import list_base_files
 from cowrite.timeline.heartbeat import HeartbeatPolicy
 from cowrite.timeline.instant import Action, State
@@ -188,6 +193,8 @@ def test_clean_keeps_what_retained_commits_need(table: Table) -> None:
     assert [r["ts"] for r in read.snapshot(table, as_of=instants[3].requested_time).to_pylist()] == [4, 4]
     with pytest.raises(TimeTravelCleanedError, match=f"commits before {instants[3].requested_time}"):
         read.snapshot(table, as_of=instants[2].requested_time)  # would read nothing of group a, silently
+    with pytest.raises(BaseFileGoneError, match=f"{instants[1].requested_time}.parquet was deleted"):
+        read.incremental(table, until=instants[1].completion_time)  # the version it wrote is gone
     assert clean(table, service_lock(table), commits_retained=3) is None
     done = clean(table, service_lock(table), commits_retained=1)
     assert done is not None and [f.split("/")[0] for f in done.deleted] == ["b"]

@@ -12,7 +12,7 @@ from support import hudi_rs
 from support.hudi_rs import rows
 
 from cowrite.cleaner import clean, service_lock
-from cowrite.timeline.errors import TimeTravelCleanedError
+from cowrite.timeline.errors import BaseFileGoneError, TimeTravelCleanedError
 from cowrite.timeline.storage import Storage
 from cowrite.timeline.table import Table
 from cowrite.timeline.transaction import WriteOptions
@@ -70,6 +70,8 @@ def test_snapshot_time_travel_and_incremental_match_the_arrow_readers(spark: Any
     clean(table, service_lock(table), commits_retained=1)  # the first versions of groups a and b go
     with pytest.raises(TimeTravelCleanedError, match="retain more commits"):
         snapshot(spark, table, as_of=min(timeline.requested_times))
+    with pytest.raises(BaseFileGoneError, match="was deleted before it was read"):
+        incremental(spark, table, None, completions[0])
 
 
 def test_column_types_read_back_as_written(spark: Any, tmp_path: Path) -> None:

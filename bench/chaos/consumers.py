@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from cowrite.timeline.errors import CheckpointArchivedError, CowriteError, StorageError
+from cowrite.timeline.errors import BaseFileGoneError, CheckpointArchivedError, CowriteError, StorageError
 from cowrite.timeline.fs_view import FileSystemView
 from cowrite.timeline.table import Table
 from cowrite.writer.file_group import read_base_file
@@ -67,7 +67,7 @@ class Consumer:
             got = pull(table, self.checkpoint, PullMode(self.mode), with_meta=True)
         except CheckpointArchivedError:
             return self._resync()
-        except (FileNotFoundError, StorageError):
+        except (BaseFileGoneError, FileNotFoundError, StorageError):  # raced the cleaner or a fault
             self.retries += 1
             return "retry"
         except CowriteError as exc:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from .commit_metadata import CommitMetadata
 from .errors import ConfigError
+from .fs_view import open_base_file
 from .instant import Instant
 from .table import Table
 
@@ -97,7 +98,7 @@ def record_key_overlap(
 def _keys_written(table: Table, metadata: CommitMetadata, instant_time: str) -> set[tuple[str, str]]:
     keys: set[tuple[str, str]] = set()
     for stat in metadata.write_stats:
-        with table.storage.open_input(stat.path) as stream:
+        with open_base_file(table.storage, stat.path) as stream:
             columns = pq.read_table(stream, columns=["_hoodie_record_key", "_hoodie_commit_time"])
         mask = pc.equal(columns.column("_hoodie_commit_time"), instant_time)
         keys.update(

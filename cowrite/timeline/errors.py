@@ -94,6 +94,18 @@ class TimeTravelCleanedError(CowriteError):
     """
 
 
+class BaseFileGoneError(CowriteError):
+    """A base file a read had planned with was deleted before it got there (by the cleaner)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"base file {path} was deleted before it was read: the cleaner keeps only the file versions "
+            "the last hoodie.cleaner.commits.retained commits need. Read a snapshot again; end an "
+            "incremental range at a later commit; or retain more commits"
+        )
+        self.path = path
+
+
 class CheckpointArchivedError(CowriteError):
     """Commits after an incremental consumer's checkpoint were archived: pulling on would skip them.
 

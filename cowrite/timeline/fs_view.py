@@ -15,13 +15,15 @@ failed instant is younger than the first instant — the cleaner removes garbage
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO
 
 from . import config as keys
-from .errors import TimeTravelCleanedError
+from .errors import BaseFileGoneError, TimeTravelCleanedError
 from .instant import Action, Instant
-from .storage import FileInfo
+from .storage import FileInfo, Storage
 from .table import Table
 from .timeline import Timeline
 
@@ -131,6 +133,17 @@ def check_time_travel(table: Table, timeline: Timeline, as_of: str) -> None:
             f"commits before {earliest} (clean {last_clean.requested_time}); travel to {earliest} or "
             f"later, or retain more commits ({keys.CLEANER_COMMITS_RETAINED.key})"
         )
+
+
+@contextmanager
+def open_base_file(storage: Storage, path: str) -> Iterator[IO[bytes]]:
+    """Open a base file a read or write planned with; :class:`BaseFileGoneError` if it was deleted since."""
+    try:
+        stream = storage.open_input(path)
+    except FileNotFoundError:
+        raise BaseFileGoneError(storage.full_path(path)) from None
+    with stream:
+        yield stream
 
 
 def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..timeline.commit_metadata import WriteStat
-from ..timeline.fs_view import BaseFile
+from ..timeline.fs_view import BaseFile, open_base_file
 from ..timeline.storage import Storage
 from .records import (
     COMMIT_SEQNO,
@@ -94,7 +94,7 @@ def read_base_file(
         return kept if columns is None else kept.select(list(columns))
     # ParquetFile, not read_table: one known file needs none of the dataset machinery, which costs more
     # than reading a small file group
-    with storage.open_input(path) as stream:
+    with open_base_file(storage, path) as stream:
         return pq.ParquetFile(stream).read(columns=list(columns) if columns is not None else None)
 
 
@@ -103,7 +103,7 @@ def count_rows(storage: Storage, path: str, recent: RecentFiles | None = None) -
     kept = recent.get(path) if recent is not None else None
     if kept is not None:
         return kept.num_rows
-    with storage.open_input(path) as stream:
+    with open_base_file(storage, path) as stream:
         return pq.ParquetFile(stream).metadata.num_rows
 
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ...timeline.fs_view import BaseFile, FileSystemView
+from ...timeline.fs_view import BaseFile, FileSystemView, open_base_file
 from ...timeline.instant import check_time
 from ...timeline.overlay import entries_of, newest_files
 from ...timeline.storage import FileInfo
@@ -133,7 +133,7 @@ def _reader_schema(
     path = newest.path if newest is not None else _newest_written(table, as_of)
     if path is None:
         return pa.schema([])
-    with table.storage.open_input(path) as stream:
+    with open_base_file(table.storage, path) as stream:
         schema = pq.ParquetFile(stream).schema_arrow.remove_metadata()
     fields = [spark_compatible(f) for f in schema if with_meta or f.name not in META_COLUMNS]
     if columns is not None:

@@ -41,7 +41,7 @@ from ...timeline import config as keys
 from ...timeline.commit_metadata import WriteStat
 from ...timeline.config import Config
 from ...timeline.errors import LeaseLostError
-from ...timeline.fs_view import BaseFile
+from ...timeline.fs_view import BaseFile, open_base_file
 from ...timeline.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from ...timeline.storage import Storage
 from ...timeline.table import Table
@@ -417,7 +417,7 @@ class TagRows:
         wanted = keys.combine_chunks()
         found = [index_keys(storage, [])]
         for base in files:
-            with storage.open_input(base.path) as stream:
+            with open_base_file(storage, base.path) as stream:
                 bounds = footer_key_range(pq.ParquetFile(stream).metadata)
             if bounds is not None and (bounds[1] < low or bounds[0] > high):
                 if self.pruned is not None:
@@ -652,7 +652,7 @@ class ReadFiles:
         if wanted is not None:
             needed.append(COMMIT_TIME)
         for number in numbers:
-            with storage.open_input(self.files[number]) as stream:
+            with open_base_file(storage, self.files[number]) as stream:
                 parquet = pq.ParquetFile(stream)
                 present = set(parquet.schema_arrow.names)
                 table = parquet.read(columns=[c for c in dict.fromkeys(needed) if c in present])
