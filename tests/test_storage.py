@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from support.servers import S3Server
 
-from cowrite.timeline.errors import StorageError
-from cowrite.timeline.fs_view import BaseFile, list_base_files
+from cowrite.timeline.errors import BaseFileGoneError, StorageError
+from cowrite.timeline.fs_view import BaseFile, list_base_files, open_base_file
 from cowrite.timeline.storage import Storage
 from cowrite.timeline.table import Table
 from cowrite.timeline.watch import Listings, listings
@@ -43,6 +43,26 @@ def test_read_and_stat_of_a_missing_file_raise_file_not_found(storage: Storage) 
     with pytest.raises(FileNotFoundError):
         storage.stat("missing")
     assert not storage.exists("missing")
+
+
+def test_a_base_file_deleted_before_it_is_read_is_named(storage: Storage) -> None:
+    """Deleted before the open, on every backend; on S3 also between the open and the first read (a local
+    or in-memory file stays readable once open)."""
+    gone = "p/f.parquet was deleted before it was read"
+    with pytest.raises(BaseFileGoneError, match=gone), open_base_file(storage, "p/f.parquet"):
+        pass
+    storage.write("p/f.parquet", b"x" * 100)
+    read: list[bytes] = []
+    if storage.uri.startswith("s3://"):
+        with pytest.raises(BaseFileGoneError, match=gone), open_base_file(storage, "p/f.parquet") as stream:
+            storage.delete("p/f.parquet")
+            read.append(stream.read())
+        assert read == []
+    else:
+        with open_base_file(storage, "p/f.parquet") as stream:
+            storage.delete("p/f.parquet")
+            read.append(stream.read())
+        assert read == [b"x" * 100]
 
 
 def test_delete_removes_and_tolerates_a_missing_file(storage: Storage) -> None:

@@ -95,13 +95,13 @@ class TimeTravelCleanedError(CowriteError):
 
 
 class BaseFileGoneError(CowriteError):
-    """A base file a read had planned with was deleted before it got there (by the cleaner)."""
+    """A base file that a read (or a write) planned to use was deleted before it got there."""
 
     def __init__(self, path: str) -> None:
         super().__init__(
             f"base file {path} was deleted before it was read: the cleaner keeps only the file versions "
-            "the last hoodie.cleaner.commits.retained commits need. Read a snapshot again; end an "
-            "incremental range at a later commit; or retain more commits"
+            "the last hoodie.cleaner.commits.retained commits need. Retry a snapshot read or a write; end "
+            "an incremental range at a later commit; or retain more commits"
         )
         self.path = path
 

@@ -137,13 +137,13 @@ def check_time_travel(table: Table, timeline: Timeline, as_of: str) -> None:
 
 @contextmanager
 def open_base_file(storage: Storage, path: str) -> Iterator[IO[bytes]]:
-    """Open a base file a read or write planned with; :class:`BaseFileGoneError` if it was deleted since."""
+    """Open a base file that a read or a write planned to use; :class:`BaseFileGoneError` if it was
+    deleted since (an object store may only tell on the first read)."""
     try:
-        stream = storage.open_input(path)
+        with storage.open_input(path) as stream:
+            yield stream
     except FileNotFoundError:
         raise BaseFileGoneError(storage.full_path(path)) from None
-    with stream:
-        yield stream
 
 
 def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:
