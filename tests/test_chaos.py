@@ -323,7 +323,7 @@ def test_a_writer_paused_before_its_first_heartbeat_does_not_start_afresh(
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
-    LocalWriter(table).insert(rows(["a"]))
+    seeded = LocalWriter(table).insert(rows(["a"]))
     zombie, _ = staged(table, rows(["a"], ts=2, value="zombie"), Operation.UPSERT)
     assert zombie.heartbeat is not None and zombie.instant is not None
     zombie.heartbeat.stop(delete=False)
@@ -335,12 +335,19 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
     assert first.target == zombie.instant_time and sorted(first.deleted) == written
     assert not table.timeline().pending()
     table.storage.write(inflight, plan)  # resumed: its lease check had passed before the pause
+    came_back = {"event": "planned", "instant": zombie.instant_time, "wall": time.time()}
     for path in written:
         table.storage.write(path, b"garbage")
     [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
     assert second.target == zombie.instant_time and sorted(second.deleted) == written
     assert not table.timeline().pending()
     assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
+    # the checker allows the second rollback only because the writer came back
+    twice = f"instant {zombie.instant_time} was rolled back 2 times"
+    for events, reported in (({}, [twice]), ({0: [came_back]}, [])):
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
+        violations, _ = Checker(outcome).check()
+        assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
 
 
 def test_two_cleaners_finish_one_rollback_once(table: Table) -> None:

@@ -105,6 +105,7 @@ class Checker:
         self.beats: dict[str, list[float]] = defaultdict(list)
         self.life: dict[str, list[float]] = defaultdict(list)  # instant -> moments its writer was known alive
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
+        self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
         self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
 
     def fail(self, invariant: str, message: str) -> None:
@@ -129,6 +130,7 @@ class Checker:
                     self.beats[instant].append(event["modified"])
                 elif kind == "planned":
                     self.life[instant].append(event["wall"])
+                    self.planned[instant].append(event["wall"])
                 elif kind == "gave-up":
                     self.given_up.setdefault(instant, event["wall"])
                 elif kind == "abort" and instant:
@@ -463,8 +465,10 @@ class Checker:
 
     def check_rollbacks(self, evidence: Evidence) -> None:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
-        instant once, only its own files; a second run changes nothing."""
+        instant once (unless its writer resumed and wrote ``.inflight`` again after the rollback), only
+        its own files; a second run changes nothing."""
         targets: Counter[str] = Counter()
+        first_done: dict[str, float] = {}
         for time_, item in evidence.completed.items():
             if item.instant.action is not Action.ROLLBACK:
                 continue
@@ -475,6 +479,8 @@ class Checker:
                 continue
             plan = RollbackPlan.from_bytes(content, time_)
             targets[plan.target] += 1
+            if item.modified is not None:
+                first_done[plan.target] = min(item.modified, first_done.get(plan.target, item.modified))
             if plan.target in evidence.completed:
                 self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
             for path in plan.files:
@@ -508,7 +514,8 @@ class Checker:
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
         for target, count in targets.items():
-            if count > 1:
+            came_back = any(t > first_done.get(target, float("inf")) for t in self.planned[target])
+            if count > 1 and not came_back:
                 self.fail("6", f"instant {target} was rolled back {count} times")
         before = _inventory(self.storage)
         again = rollback_failed(self.table, service_lock(self.table, "chaos-checker"), self.o.policy)
