@@ -166,6 +166,7 @@ def _serving(table: Table, token: str | None) -> Daemon:
     deadline = time.monotonic() + 30
     while not daemon.ready and time.monotonic() < deadline:  # polled once: the table is loaded
         time.sleep(0.01)
+    assert daemon.ready, "the daemon's first poll did not end within 30 s"
     return daemon
 
 

@@ -157,11 +157,16 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -
 def serving(
     *entries: TableEntry, http: bool = False, poll: float = POLL, **settings: Any
 ) -> Iterator[Daemon]:
-    """An in-process daemon on a fresh registry, stopped (drained) at the end."""
+    """An in-process daemon on a fresh registry, every table polled once, stopped (drained) at the end.
+
+    Waiting for the first poll matters: what that poll finds is history, not counted as events, so a
+    write made before it would be missed by the counters a test then reads.
+    """
     config = DaemonConfig(tables=entries, port=0, poll_interval=poll, **settings)
     daemon = Daemon(config, registry=CollectorRegistry())
     daemon.start(serve_http=http)
     try:
+        wait_until(lambda: daemon.ready, "the first poll of every table")
         yield daemon
     finally:
         daemon.stop()
@@ -176,10 +181,17 @@ def count(daemon: Daemon, name: str, **labels: str) -> float:
 
 
 def polls_later(daemon: Daemon, polls: int) -> None:
-    """Wait until every table was polled ``polls`` more times."""
-    service = daemon.services[0]
-    start = service.polls
-    wait_until(lambda: service.polls >= start + polls, f"{polls} more polls")
+    """Wait until every table was polled ``polls`` more times.
+
+    A poll's counters and gauges are complete only when it ends, after the effects it counts are on
+    storage: a test that saw an effect waits here (``polls=1`` ends the poll that made it) before it
+    reads what the daemon counted.
+    """
+    start = [service.polls for service in daemon.services]
+    wait_until(
+        lambda: all(s.polls >= n + polls for s, n in zip(daemon.services, start, strict=True)),
+        f"{polls} more polls",
+    )
 
 
 # -- processes ---------------------------------------------------------------------------------------
