@@ -461,13 +461,12 @@ def daemon(
 
     SIGTERM or SIGINT drains (running jobs finish) and exits 0.
     """
-    import signal
-    import threading
-
+    from . import shutdown
     from .daemon.config import DaemonConfig
     from .daemon.logs import configure
     from .daemon.service import Daemon
 
+    stop = shutdown.catch()  # the entry point caught them already; a request made since is kept
     configure(log_level.upper())
     try:
         config = DaemonConfig.load(
@@ -480,10 +479,8 @@ def daemon(
             commits_retained=commits_retained,
         )
         service = Daemon(config)
-        stop = threading.Event()
-        for number in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(number, lambda *_: stop.set())
-        service.start()
+        if not stop.is_set():  # asked to stop while starting: there is nothing to drain
+            service.start()
     except (CowriteError, OSError) as exc:
         _fail(exc)
     stop.wait()

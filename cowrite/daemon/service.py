@@ -313,7 +313,8 @@ class Daemon:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.scheduler.shutdown(wait=True)
+        if self.scheduler.running:  # not when asked to stop before it started
+            self.scheduler.shutdown(wait=True)
         if self.http is not None:
             self.http.shutdown()  # type: ignore[attr-defined]
             self.http.server_close()  # type: ignore[attr-defined]
