@@ -1,25 +1,28 @@
 """The daemon in a process of its own, for scenarios that kill it with SIGKILL mid-run.
 
-``python -m bench.chaos.daemon_proc CONFIG.json``: the same :class:`~cowrite.daemon.service.Daemon` the
+``python bench/chaos/daemon_proc.py CONFIG.json``: the same :class:`~cowrite.daemon.service.Daemon` the
 ``cowrite daemon`` command runs, built from JSON so the harness can keep every lock file (``locks_kept``)
-as evidence for the checker. SIGTERM drains and exits 0.
+as evidence for the checker. SIGTERM drains and exits 0, also while it starts: run as a script (not with
+``-m``, which would import the harness first), it catches the signal before importing the daemon.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cowrite.daemon.config import DaemonConfig, TableEntry
-from cowrite.daemon.service import Daemon
+from cowrite import shutdown
+
+if TYPE_CHECKING:
+    from cowrite.daemon.config import DaemonConfig
 
 
 def config_from(spec: dict[str, Any]) -> DaemonConfig:
+    from cowrite.daemon.config import DaemonConfig, TableEntry
+
     return DaemonConfig(
         tables=(TableEntry(spec["uri"], spec.get("name"), spec.get("settings", {})),),
         port=0,
@@ -31,12 +34,14 @@ def config_from(spec: dict[str, Any]) -> DaemonConfig:
 
 
 def main() -> int:
+    stop = shutdown.catch()
+    from cowrite.daemon.service import Daemon
+
     logging.basicConfig(level=logging.WARNING, format="%(process)d %(name)s %(levelname)s %(message)s")
     daemon = Daemon(config_from(json.loads(Path(sys.argv[1]).read_text())))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    daemon.start(serve_http=False)
-    Path(sys.argv[1] + ".started").touch()
+    if not stop.is_set():  # asked to stop while starting: there is nothing to drain
+        daemon.start(serve_http=False)
+        Path(sys.argv[1] + ".started").touch()
     stop.wait()
     daemon.stop()
     return 0

@@ -193,10 +193,13 @@ class Run:
         return writer.insert(rows_table(self.scenario.seed_rows)).requested_time
 
     def _spawn(self, name: str, module: str, argument: Path) -> Process:
+        """``module`` runs as ``python -m``, or as a script when given as a path (``*.py``): a script
+        does not import this package first, so it starts fast enough to catch a SIGTERM while starting."""
         stderr = self.workdir / f"{name}.stderr"
+        run = [str(ROOT / module)] if module.endswith(".py") else ["-m", module]
         with open(stderr, "ab") as stream:
             popen = subprocess.Popen(
-                [sys.executable, "-m", module, str(argument)],
+                [sys.executable, *run, str(argument)],
                 cwd=ROOT,
                 env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
                 stdin=subprocess.DEVNULL,
@@ -254,7 +257,8 @@ class Run:
         elif mode in ("process", "process-killed"):
             path = self.workdir / f"daemon-{self.daemon_starts}.json"
             path.write_text(json.dumps(self._daemon_spec()))
-            self.daemon_process = self._spawn(f"daemon-{self.daemon_starts}", "bench.chaos.daemon_proc", path)
+            name = f"daemon-{self.daemon_starts}"
+            self.daemon_process = self._spawn(name, "bench/chaos/daemon_proc.py", path)
             self.daemon_starts += 1
             self.harness.append({"kind": "daemon-start", "wall": time.time()})
 
