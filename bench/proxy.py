@@ -1,0 +1,147 @@
+"""A delaying, request-counting HTTP proxy: an object store's round trips, on loopback.
+
+A local S3 server answers in microseconds; S3, GCS or ADLS answer in 10-50 ms. Put this proxy between
+the clients and the server and every request waits ``delay`` seconds before it is forwarded, as if it
+crossed a network. Requests in flight wait concurrently, like on a real connection pool, so what a
+protocol pays is the number of round trips it makes one after another, not the number it makes.
+
+Every request is counted by kind: ``GET``, ``LIST`` (a GET of a listing), ``HEAD``, ``PUT``, ``POST``,
+``DELETE``. The proxy is part of the benchmarks and the chaos harness, not of cowrite:
+
+    with DelayingProxy(server.endpoint_url, delay=0.02) as proxy:
+        options = {..., "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
+        ...
+        print(proxy.counts())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from types import TracebackType
+
+import aiohttp
+from aiohttp import web
+
+# Headers about one hop of a connection, never forwarded (RFC 9110, section 7.6.1).
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
+
+
+def kind(method: str, query: str) -> str:
+    """The kind a request is counted as: its method, or ``LIST`` for a GET of a bucket listing."""
+    if method == "GET" and ("list-type" in query or "delimiter" in query or "prefix=" in query):
+        return "LIST"
+    return method
+
+
+class DelayingProxy:
+    """Forwards every request to ``upstream`` after ``delay`` seconds; counts requests by kind.
+
+    It runs its own event loop in a daemon thread and binds 127.0.0.1 on a free port. ``delay`` may be
+    changed while it runs; :meth:`counts` and :meth:`reset` are safe from any thread.
+    """
+
+    def __init__(self, upstream: str, delay: float = 0.02) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.delay = delay
+        self.endpoint_url = ""
+        self._counts: Counter[str] = Counter()
+        self._in_flight = 0
+        self.peak_in_flight = 0  # most requests held at once since the last reset
+        self._mutex = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="delaying-proxy", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- counting --------------------------------------------------------------------------------
+    def counts(self) -> Counter[str]:
+        """Requests forwarded so far, by kind (a copy)."""
+        with self._mutex:
+            return Counter(self._counts)
+
+    def reset(self) -> Counter[str]:
+        """The counts so far; counting starts again from zero."""
+        with self._mutex:
+            counts, self._counts = self._counts, Counter()
+            self.peak_in_flight = self._in_flight
+            return counts
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> DelayingProxy:
+        self._thread.start()
+        port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=30)
+        self.endpoint_url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._loop.close()
+
+    def __enter__(self) -> DelayingProxy:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- serving ---------------------------------------------------------------------------------
+    async def _serve(self) -> int:
+        # No pool limit: a request must never wait for another's connection, only for its own delay.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        app = web.Application(client_max_size=1 << 31)
+        app.router.add_route("*", "/{path:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return int(self._runner.addresses[0][1])
+
+    async def _close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        with self._mutex:
+            self._counts[kind(request.method, request.query_string)] += 1
+            self._in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+        try:
+            return await self._relay(request)
+        finally:
+            with self._mutex:
+                self._in_flight -= 1
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        await asyncio.sleep(self.delay)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        assert self._session is not None
+        async with self._session.request(
+            request.method,
+            self.upstream + request.rel_url.raw_path_qs,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+            skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"),
+        ) as upstream:
+            payload = await upstream.read()
+            reply = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+            if request.method != "HEAD":  # a HEAD's Content-Length is the object's size: keep it
+                reply.pop("Content-Length", None)
+            return web.Response(status=upstream.status, headers=reply, body=payload)

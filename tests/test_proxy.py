@@ -1,0 +1,68 @@
+"""The benchmarks' delaying proxy in front of the S3 server: every request arrives intact, waits its round
+trip, and is counted by kind. What the object-store figures are worth rests on this."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from support import hudi_rs
+from support.servers import S3Server
+
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.writer.local import LocalWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.proxy import DelayingProxy  # noqa: E402
+
+DELAY = 0.05
+
+
+def through(server: S3Server, proxy: DelayingProxy) -> dict[str, Any]:
+    options = server.storage_options()
+    return {**options, "client_kwargs": {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}}
+
+
+def test_requests_arrive_intact_wait_their_round_trip_and_are_counted(s3_server: S3Server) -> None:
+    with DelayingProxy(s3_server.endpoint_url, delay=DELAY) as proxy:
+        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        payload = bytes(range(256)) * 300
+        started = time.monotonic()
+        storage.write("a/blob", payload)
+        assert time.monotonic() - started >= DELAY
+        assert storage.read("a/blob") == payload
+        assert storage.stat("a/blob").size == len(payload)  # a HEAD keeps the object's size
+        assert storage.create_if_absent("a/once", b"1") and not storage.create_if_absent("a/once", b"2")
+        assert storage.read("a/once") == b"1"  # the conditional PUT's 412 came through
+        assert sorted(i.path for i in storage.list("a")) == ["a/blob", "a/once"]
+        storage.delete("a/blob")
+        counts = proxy.reset()
+        assert counts["PUT"] >= 3 and counts["LIST"] >= 1 and counts["DELETE"] == 1
+        assert set(counts) <= {"GET", "LIST", "HEAD", "PUT", "DELETE"}
+        assert proxy.counts() == {}
+
+        # requests in flight wait together, not one after another
+        with ThreadPoolExecutor(10) as pool:
+            list(pool.map(lambda n: storage.write(f"b/{n}", b"x"), range(10)))
+        assert proxy.peak_in_flight > 1
+
+
+def test_a_table_written_through_the_proxy_reads_back_with_hudi_rs(s3_server: S3Server) -> None:
+    with DelayingProxy(s3_server.endpoint_url, delay=0.0) as proxy:
+        options = through(s3_server, proxy)
+        uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+        table = Table.create(
+            uri, name="t", record_key_fields=["id"], partition_fields=["p"], storage_options=options
+        )
+        LocalWriter(table).upsert(pa.table({"id": [1, 2], "p": ["a", "b"], "v": ["x", "y"]}))
+        assert hudi_rs.snapshot(uri, options) == [
+            {"id": 1, "p": "a", "v": "x"},
+            {"id": 2, "p": "b", "v": "y"},
+        ]
+        assert proxy.counts()["PUT"] > 0
