@@ -30,10 +30,12 @@ from .timeline.errors import (
     CowriteError,
     LeaseLostError,
     LockTimeoutError,
+    SchemaError,
     WriteConflictError,
 )
 from .timeline.table import Table
 from .timeline.transaction import WriteOptions
+from .writer.contract import current_schema
 from .writer.inputs import read_input
 
 if TYPE_CHECKING:
@@ -86,6 +88,12 @@ def cli() -> None:
 @click.option("--name", help="Table name (default: the last part of PATH).")
 @click.option("--hive-style/--no-hive-style", default=False, help="Partition directories named field=value.")
 @click.option("--option", "-o", "options", multiple=True, help="Extra table property KEY=VALUE (repeatable).")
+@click.option(
+    "--schema",
+    "schema_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Avro record schema (JSON) that fixes the table's columns before the first write.",
+)
 def init(
     path: str,
     record_key: Sequence[str],
@@ -94,17 +102,29 @@ def init(
     name: str | None,
     hive_style: bool,
     options: Sequence[str],
+    schema_file: str | None,
 ) -> None:
     """Create an empty table at PATH (local or s3://)."""
+    from .writer.contract import declared_schema
+
+    keys_, partitions, ordering = _split(record_key), _split(partition_field), _split(ordering_field)
     try:
+        properties = _options(options)
+        if schema_file:
+            try:
+                text = Path(schema_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SchemaError(f"cannot read {schema_file}: {exc}") from None
+            declared = declared_schema(text, [*keys_, *partitions, *ordering], schema_file)
+            properties[keys.TABLE_CREATE_SCHEMA.key] = declared
         table = Table.create(
             path,
             name=name or path.rstrip("/").rsplit("/", 1)[-1],
-            record_key_fields=_split(record_key),
-            partition_fields=_split(partition_field),
-            ordering_fields=_split(ordering_field),
+            record_key_fields=keys_,
+            partition_fields=partitions,
+            ordering_fields=ordering,
             hive_style_partitioning=hive_style,
-            properties=_options(options),
+            properties=properties,
         )
     except CowriteError as exc:
         _fail(exc)
@@ -164,15 +184,23 @@ def write(
                 table, write_options, input_path, input_format, operation, master
             )
         else:
-            data = read_input(input_path, input_format)
-            instant = LocalWriter(table, write_options).write(data, operation, source=input_path)
-            count = data.num_rows
+            data = read_input(input_path, input_format, current_schema(table))
+            if data.num_rows == 0:  # as Hudi does for an empty batch: no instant at all
+                click.echo(f"nothing written: {input_path} holds no records")
+                return
+            local = LocalWriter(table, write_options)
+            instant = local.write(data, operation, source=input_path)
+            count = local.records
+        done = f"committed {instant.requested_time} ({operation}, {count} records)"
+        if operation == "delete":
+            deleted = sum(s.num_deletes for s in table.commit_metadata(instant).write_stats)
+            done = (
+                f"committed {instant.requested_time} (delete: of {count} keys given, {deleted} found and "
+                f"deleted, {max(0, count - deleted)} not found)"
+            )
     except CowriteError as exc:
         _fail(exc)
-    click.echo(
-        f"committed {instant.requested_time} ({operation}, {count} records), "
-        f"completed at {instant.completion_time}"
-    )
+    click.echo(f"{done}, completed at {instant.completion_time}")
 
 
 @cli.command()

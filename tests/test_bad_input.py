@@ -192,8 +192,9 @@ def test_a_write_that_reads_a_corrupt_commit_fails_without_a_trace(table: Table,
     assert read.snapshot(table).to_pylist() == before_rows
     assert {p for p in files(table.storage) if p.endswith(".parquet")} == data_before
     assert heartbeat_threads() == threads_before
-    # the lock was released: the next write goes through
-    writer(table).upsert(frame((4, "b", "four")))
+    # the lock was released: the next write is refused for the corruption too, not left waiting
+    with pytest.raises(CorruptTimelineError, match=path):
+        writer(table).upsert(frame((4, "b", "four")))
 
 
 def test_a_corrupt_commit_that_completed_concurrently_fails_the_commit_cleanly(

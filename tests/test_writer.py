@@ -439,7 +439,7 @@ def test_column_types_round_trip_exactly(storage_uri: str, storage_options: dict
     assert kinds == {
         "id": "long", "i8": "int", "i16": "int", "i32": "int", "i64": "long", "f32": "float", "f64": "double",
         "s": "string", "b": "boolean", "d": {"type": "int", "logicalType": "date"},
-        "ts_us": {"type": "long", "logicalType": "timestamp-micros"},
+        "ts_us": {"type": "long", "logicalType": "local-timestamp-micros"},
         "ts_ms_utc": {"type": "long", "logicalType": "timestamp-millis"},
         "dec": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2},
     }  # fmt: skip

@@ -83,6 +83,12 @@ HIVE_STYLE_PARTITIONING = ConfigKey(
     "Partition directories named field=value instead of value.",
 )
 BASE_FILE_FORMAT = ConfigKey("hoodie.table.base.file.format", "PARQUET", _str, "Only PARQUET.")
+TABLE_CREATE_SCHEMA = ConfigKey(
+    "hoodie.table.create.schema",
+    "",
+    _str,
+    "Avro record schema (JSON) fixed when the table was created; the first commit's schema otherwise.",
+)
 POPULATE_META_FIELDS = ConfigKey(
     "hoodie.populate.meta.fields", True, parse_bool, "Base files carry the _hoodie_* columns."
 )

@@ -38,6 +38,7 @@ from ..timeline.storage import Storage
 from ..timeline.table import Table
 from ..timeline.timeline import Timeline
 from ..timeline.transaction import REVERTED_KEY, Revert, RevertClustering, Transaction, WriteOptions
+from .contract import latest_schema
 from .file_group import read_base_file
 from .records import FILE_NAME, RECORD_KEY
 
@@ -119,7 +120,7 @@ def schedule_clustering(
                 SEEN_KEY: timeline.latest_completion_time or "",
             }
             return CommitMetadata(
-                CLUSTER, tuple(stats), replaced, _latest_schema(table, timeline), extra
+                CLUSTER, tuple(stats), replaced, latest_schema(table, timeline), extra
             ).to_bytes(Action.REPLACE_COMMIT)
 
         now_ms = int((time.time() if now is None else now) * 1000)
@@ -190,11 +191,6 @@ def _write_rows(
     return WriteStat(file_id, output, partition, "null", rows.num_rows, 0, 0, 0, size)
 
 
-def _latest_schema(table: Table, timeline: Timeline) -> str:
-    commits = timeline.data_commits().in_completion_order()
-    return table.commit_metadata(commits[-1]).schema if commits else ""
-
-
 def revert_clusterings(table: Table, written: Mapping[tuple[str, str], str]) -> RevertClustering:
     """The resolver an ingestion passes to commit: ``written`` maps its file groups to its new files."""
 
@@ -232,7 +228,7 @@ def revert_clusterings(table: Table, written: Mapping[tuple[str, str], str]) -> 
                 for p, f, _ in jobs
             ),
             {p: tuple(sorted(ids)) for p, ids in replaced.items()},
-            _latest_schema(table, timeline),
+            latest_schema(table, timeline),
             {REVERTED_KEY: ",".join(c.requested_time for c in clusterings)},
         )
         inflight = requested.transition(State.INFLIGHT)

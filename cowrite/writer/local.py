@@ -19,12 +19,12 @@ import pyarrow.compute as pc
 
 from ..timeline import config as keys
 from ..timeline.commit_metadata import CommitMetadata, WriteStat
-from ..timeline.errors import SchemaError
 from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import Action, Instant
 from ..timeline.table import Table
 from ..timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from .clustering import revert_clusterings
+from .contract import commit_schema, conform, current_schema, fit
 from .file_group import FileGroupWrite, RecentFiles, write_file_group
 from .planning import (
     FILE_ID,
@@ -36,7 +36,6 @@ from .planning import (
     to_work,
 )
 from .records import PARTITION_PATH, RECORD_KEY, latest_per_key, partition_paths, record_keys
-from .schema import avro_schema
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,7 @@ class LocalWriter:
         self.table = table
         self.options = options or WriteOptions(config=table.config)
         self._recent = RecentFiles()
+        self.records = 0  # records of the last write, after deduplication where the operation merges
 
     def insert(self, data: pa.Table) -> Instant:
         return self.write(data, Operation.INSERT)
@@ -73,27 +73,32 @@ class LocalWriter:
         return self.write(data, Operation.INSERT_OVERWRITE)
 
     def write(self, data: pa.Table, operation: Operation | str, source: str = "input") -> Instant:
-        """Write ``data`` as one instant; on a conflict retry as configured, each time a new instant."""
+        """Write ``data`` as one instant; on a conflict retry as configured, each time a new instant.
+
+        ``data`` is held to the table's schema first (:mod:`.contract`): what does not fit raises
+        :class:`SchemaError` before anything is written.
+        """
         operation = Operation(operation)
-        prepared = self._prepare(data, operation, source)
+        prepared = self._prepare(data, operation, source, current_schema(self.table))
+        self.records = prepared.num_rows
         return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
 
     # -- preparation -----------------------------------------------------------------------------
-    def _prepare(self, data: pa.Table, operation: Operation, source: str) -> pa.Table:
-        """Validate, add key and partition path columns, and deduplicate where the operation merges."""
+    def _prepare(
+        self, data: pa.Table, operation: Operation, source: str, current: pa.Schema | None
+    ) -> pa.Table:
+        """Fit to the table's schema ``current``, add key and partition path columns, and deduplicate
+        where the operation merges."""
         table = self.table
         if any(name.startswith("_hoodie_") for name in data.column_names):
             data = data.drop_columns([n for n in data.column_names if n.startswith("_hoodie_")])
+        delete = operation is Operation.DELETE
+        data = conform(data, fit(data.schema, current, table, delete, source).target, source)
         key_column = record_keys(data, table.record_key_fields, source)
-        if operation is Operation.DELETE and not all(f in data.column_names for f in table.partition_fields):
+        if delete and not all(f in data.column_names for f in table.partition_fields):
             paths = pa.nulls(data.num_rows, pa.string())  # found by a lookup over all partitions
         else:
             paths = partition_paths(data, table.partition_fields, table.hive_style_partitioning, source)
-        missing = [f for f in table.ordering_fields if f not in data.column_names]
-        if missing and operation is not Operation.DELETE:
-            raise SchemaError(f"{source} has no ordering column {', '.join(missing)}")
-        if operation is not Operation.DELETE:
-            avro_schema(data.schema, table.name)  # unsupported column types fail before anything is written
         prepared = data.append_column(RECORD_KEY, key_column).append_column(PARTITION_PATH, paths)
         if operation in (Operation.UPSERT, Operation.INSERT_OVERWRITE, Operation.DELETE):
             ordering = () if operation is Operation.DELETE else table.ordering_fields
@@ -148,10 +153,10 @@ class LocalWriter:
         buckets = plan_buckets(tagged, view, sizing)
         merge = operation is not Operation.INSERT
         works = [to_work(bucket, instant, task, merge) for task, bucket in enumerate(buckets)]
-        if operation is Operation.DELETE:  # the input holds keys only; the table's schema is unchanged
-            schema = _latest_schema(table, transaction)
-        else:
-            schema = avro_schema(incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema, table.name)
+        schema = commit_schema(
+            table, transaction.begin_timeline, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
+            delete=operation is Operation.DELETE,
+        )
         transaction.plan(self._metadata(operation, [_planned(w) for w in works], replaced, schema))
         stats = []
         for task, (bucket, work) in enumerate(zip(buckets, works, strict=True)):
@@ -183,11 +188,6 @@ class LocalWriter:
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
-
-
-def _latest_schema(table: Table, transaction: Transaction) -> str:
-    commits = transaction.begin_timeline.data_commits().in_completion_order()
-    return table.commit_metadata(commits[-1]).schema if commits else ""
 
 
 def _planned(work: FileGroupWrite) -> WriteStat:

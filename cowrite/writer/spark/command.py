@@ -1,10 +1,10 @@
 """``cowrite write --engine spark``: the CLI's write through a SparkSession.
 
 Parquet inputs are read by Spark itself (a directory of parquet files never passes through the driver);
-CSV and JSON Lines go through the CLI's own reader so that their column types are inferred exactly as
-for ``--engine local``. Settings whose name starts with ``spark.`` configure the session this command
-creates (``-o spark.driver.memory=2g``); an already active session (a caller that made one) is used
-as it is and left running.
+CSV and JSON Lines go through the CLI's own reader so that they are parsed with the table's column
+types exactly as for ``--engine local``. Settings whose name starts with ``spark.`` configure the
+session this command creates (``-o spark.driver.memory=2g``); an already active session (a caller that
+made one) is used as it is and left running.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import os
 import sys
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from ...timeline.instant import Instant
 from ...timeline.table import Table
 from ...timeline.transaction import WriteOptions
+from ..contract import current_schema
 from ..inputs import input_files, read_input
 from .engine import SparkWriter
 
@@ -39,11 +41,14 @@ def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, boo
     return builder.getOrCreate(), True
 
 
-def input_frame(spark: SparkSession, path: str, input_format: str | None) -> DataFrame:
+def input_frame(
+    spark: SparkSession, path: str, input_format: str | None, schema: pa.Schema | None = None
+) -> DataFrame:
+    """The input as a DataFrame; text (CSV, JSON Lines) is parsed with ``schema``'s types (the table's)."""
     files = input_files(path)
     if input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files)):
         return spark.read.parquet(*(str(f) for f in files))
-    return spark.createDataFrame(read_input(path, input_format))
+    return spark.createDataFrame(read_input(path, input_format, schema))
 
 
 def write(
@@ -58,7 +63,8 @@ def write(
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)
-        instant = writer.write(input_frame(spark, input_path, input_format), operation)
+        frame = input_frame(spark, input_path, input_format, current_schema(table))
+        instant = writer.write(frame, operation)
         return instant, writer.metrics.input_rows
     finally:
         if created:

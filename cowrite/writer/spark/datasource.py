@@ -71,9 +71,8 @@ from ...timeline.instant import Action, State
 from ...timeline.table import Table
 from ...timeline.timeline import Timeline
 from ...timeline.transaction import Transaction, WriteOptions
+from ..contract import conform, current_schema, fit
 from ..local import LocalWriter, Operation
-from ..records import PARTITION_PATH, RECORD_KEY
-from ..schema import avro_schema
 from .append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of, task_and_token
 from .filters import Predicate, predicates
 from .reader import Scan, plan_incremental, plan_snapshot
@@ -272,10 +271,9 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
     table = _open_or_create(settings)
     config = table.config.with_values(settings.values)
     options = WriteOptions(config=config)
-    empty = to_arrow_schema(schema, timezone="UTC").empty_table()
-    prepared = LocalWriter(table, options)._prepare(empty, Operation.INSERT, "input")
-    data = prepared.drop_columns([RECORD_KEY, PARTITION_PATH])
-    commit_schema = avro_schema(data.schema, table.name)
+    current = current_schema(table)
+    fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
+    LocalWriter(table, options)._prepare(fitted.target.empty_table(), Operation.INSERT, "input", current)
     transaction = Transaction.begin(table, operation, Action.COMMIT, options)
     assert transaction.heartbeat is not None
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
@@ -291,8 +289,8 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
     return CowriteWriter(
         ticket=ticket,
         spec=TableSpec.of(table, config),
-        data_columns=tuple(data.column_names),
-        commit_schema=commit_schema,
+        target=fitted.target,
+        commit_schema=fitted.table_schema,
         record_bytes=record_bytes_of(table, transaction.begin_timeline),
         max_file_bytes=config.get(keys.PARQUET_MAX_FILE_SIZE),
     )
@@ -304,7 +302,7 @@ class CowriteWriter(DataSourceArrowWriter):
 
     ticket: _Ticket
     spec: TableSpec
-    data_columns: tuple[str, ...]
+    target: pa.Schema  # every batch is conformed to the table's schema (see ..contract)
     commit_schema: str
     record_bytes: float | None
     max_file_bytes: int
@@ -316,13 +314,14 @@ class CowriteWriter(DataSourceArrowWriter):
             self.spec,
             ticket.instant,
             ticket.owner,
-            self.data_columns,
+            tuple(self.target.names),
             self.max_file_bytes,
             self.record_bytes,
             renew=True,
         )
         task, token = task_and_token()
-        return CommitStats(tuple(stat_to_json(s) for s in writer.write(iterator, task, token)))
+        batches = (b for batch in iterator for b in conform(pa.table(batch), self.target).to_batches())
+        return CommitStats(tuple(stat_to_json(s) for s in writer.write(batches, task, token)))
 
     # -- on the driver -------------------------------------------------------------------------------
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -78,7 +78,7 @@ from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from ...timeline import config as keys
@@ -89,10 +89,10 @@ from ...timeline.instant import Action, Instant
 from ...timeline.table import Table
 from ...timeline.timeline import Timeline
 from ...timeline.transaction import Transaction, WriteOptions, retry_on_conflict
-from ..local import LocalWriter, Operation, _latest_schema
+from ..contract import current_schema, fit, latest_schema
+from ..local import LocalWriter, Operation
 from ..planning import FILE_ID, SizingPolicy, estimate_record_bytes
 from ..records import PARTITION_PATH, RECORD_KEY
-from ..schema import avro_schema
 from .append import (
     FillSmallGroups,
     NewFileGroups,
@@ -250,7 +250,7 @@ class SparkWriter:
         meta = [c for c in df.columns if c.startswith("_hoodie_")]
         if meta:  # only then: a projection would hide that the input is cached
             df = df.drop(*meta)
-        schema, data_columns = self._validate(df, operation)
+        df, schema, data_columns = self._validate(df, operation)
         prepared = None
         with ArrowBatches(self.spark) as self._batches:
             if operation.appends:
@@ -265,14 +265,23 @@ class SparkWriter:
                     frame.unpersist()
 
     # -- validation ----------------------------------------------------------------------------------
-    def _validate(self, df: DataFrame, operation: SparkOperation) -> tuple[str, tuple[str, ...]]:
-        """The local engine's checks on an empty table of the input's schema: the same errors, at once."""
+    def _validate(self, df: DataFrame, operation: SparkOperation) -> tuple[DataFrame, str, tuple[str, ...]]:
+        """``df`` fitted to the table's schema by the local engine's rules (:mod:`..contract`), cast with
+        Spark; the same errors as the local engine's, raised before anything is written."""
         zone = self.spark.conf.get("spark.sql.session.timeZone") or "UTC"
-        empty = to_arrow_schema(df.schema, timezone=zone).empty_table()
-        prepared = LocalWriter(self.table, self.options)._prepare(empty, operation.local, self.source)
-        data = prepared.drop_columns([RECORD_KEY, PARTITION_PATH])
-        schema = "" if operation is SparkOperation.DELETE else avro_schema(data.schema, self.table.name)
-        return schema, tuple(data.column_names)
+        current = current_schema(self.table)
+        delete = operation is SparkOperation.DELETE
+        fitted = fit(to_arrow_schema(df.schema, timezone=zone), current, self.table, delete, self.source)
+        LocalWriter(self.table, self.options)._prepare(  # key and partition checks, at once
+            fitted.target.empty_table(), operation.local, self.source, current
+        )
+        columns = [
+            (F.col(f.name) if f.name in df.columns else F.lit(None))
+            .cast(from_arrow_type(f.type))
+            .alias(f.name)
+            for f in fitted.target
+        ]
+        return df.select(*columns), fitted.table_schema, tuple(fitted.target.names)
 
     # -- appends: written where the records are --------------------------------------------------------
     def _append(
@@ -550,7 +559,9 @@ class SparkWriter:
         merge = True
         plan = plan_merge(transaction.instant_time, counts, view, sizing, merge, self._write_tasks())
         schema = (
-            prepared.schema if operation is not SparkOperation.DELETE else _latest_schema(table, transaction)
+            prepared.schema
+            if operation is not SparkOperation.DELETE
+            else latest_schema(table, transaction.begin_timeline)
         )
         transaction.plan(self._metadata(operation, plan.planned_stats(), replaced, schema))
         context = WriteContext(

@@ -1,0 +1,254 @@
+"""The table's schema is the contract every input is held to, through the ``cowrite`` command as a user
+runs it, on local disk and on S3: text is parsed with the table's types, allowed changes widen the
+table, anything else is refused with one line before anything is written, and deletes say what they
+found. Every state is read back with cowrite and with hudi-rs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import hudi_rs
+from support.servers import S3Server
+
+from cowrite.timeline.errors import SchemaError
+from cowrite.timeline.storage import Storage
+from cowrite.timeline.table import Table
+from cowrite.writer import read
+from cowrite.writer.local import LocalWriter
+
+UTC = dt.UTC
+FIRST = pa.table(
+    {
+        "org": ["acme", "acme", "beta"],
+        "id": pa.array([1, 2, 1], pa.int64()),
+        "region": ["eu", "eu", "us"],
+        "day": ["2024-01-01", "2024-01-02", "2024-01-02"],
+        "ts": pa.array([1, 1, 1], pa.int64()),
+        "zip": ["00123", "00777", None],
+        "amount": pa.array([Decimal("10.50"), Decimal("20.00"), None], pa.decimal128(10, 2)),
+        "seen": pa.array([dt.datetime(2024, 1, 1, 10, tzinfo=UTC), None, None], pa.timestamp("us", tz="UTC")),
+    }
+)
+
+
+class Cli:
+    """The ``cowrite`` command in a process of its own, on one table, and both readers of it."""
+
+    def __init__(self, uri: str, env: dict[str, str], options: dict[str, Any], inputs: Path) -> None:
+        self.uri, self.env, self.options, self.inputs = uri, env, options, inputs
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cowrite", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+            timeout=120,
+        )
+
+    def write(self, operation: str, name: str, content: str | pa.Table) -> subprocess.CompletedProcess[str]:
+        path = self.inputs / name
+        if isinstance(content, pa.Table):
+            pq.write_table(content, path)
+        else:
+            path.write_text(content)
+        return self("write", self.uri, "--input", str(path), "--operation", operation)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The snapshot as ``cowrite read`` prints it, checked to equal what hudi-rs reads."""
+        result = self("read", self.uri)
+        assert result.returncode == 0, result.stderr
+        mine = sorted((json.loads(line) for line in result.stdout.splitlines()), key=_order)
+        theirs = hudi_rs.snapshot(self.uri, self.options)
+        assert [_printed(row) for row in sorted(theirs, key=_order)] == mine
+        return mine
+
+    def timeline(self) -> list[str]:
+        storage = Storage.for_uri(self.uri, **self.options)
+        return sorted(i.path for i in storage.walk_files() if "/.heartbeat/" not in f"/{i.path}")
+
+
+def _order(row: dict[str, Any]) -> tuple[str, int]:
+    return row.get("org", ""), row["id"]
+
+
+def _printed(row: dict[str, Any]) -> dict[str, Any]:
+    """A hudi-rs row as ``cowrite read`` prints rows (JSON, with ``str`` for what JSON has not)."""
+    return json.loads(json.dumps(row, default=str))
+
+
+@pytest.fixture(params=["local", "s3"])
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    if request.param == "local":
+        return Cli(str(tmp_path / "orders"), {}, {}, inputs)
+    server: S3Server = request.getfixturevalue("s3_server")
+    return Cli(
+        f"s3://{server.bucket}/{uuid.uuid4().hex}/orders", server.env(), server.storage_options(), inputs
+    )
+
+
+def _refused(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("cowrite: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
+    assert all(word in result.stderr for word in words), result.stderr
+
+
+def test_the_issue_scenario_keeps_every_type_and_refuses_what_does_not_fit(cli: Cli) -> None:
+    made = cli(
+        "init", cli.uri, "--record-key", "org,id", "--partition-field", "region,day", "--ordering-field", "ts"
+    )
+    assert made.returncode == 0, made.stderr
+    assert cli.write("insert", "first.parquet", FIRST).returncode == 0
+
+    # JSON Lines: a date-like partition value and a zip code with leading zeros stay strings
+    upsert = cli.write(
+        "upsert",
+        "upsert.jsonl",
+        '{"org": "acme", "id": 1, "region": "eu", "day": "2024-01-01", "ts": 2, "zip": "00999", '
+        '"amount": "11.25", "seen": "2024-02-01 00:00:00"}\n',
+    )
+    assert upsert.returncode == 0, upsert.stderr
+    # CSV: the same, and columns the input leaves out are null
+    csv = cli.write("upsert", "upsert.csv", "org,id,region,day,ts,zip\nacme,2,eu,2024-01-02,5,00777\n")
+    assert csv.returncode == 0, csv.stderr
+    assert cli.rows() == [
+        {"org": "acme", "id": 1, "region": "eu", "day": "2024-01-01", "ts": 2, "zip": "00999",
+         "amount": "11.25", "seen": "2024-02-01 00:00:00+00:00"},
+        {"org": "acme", "id": 2, "region": "eu", "day": "2024-01-02", "ts": 5, "zip": "00777",
+         "amount": None, "seen": None},
+        {"org": "beta", "id": 1, "region": "us", "day": "2024-01-02", "ts": 1, "zip": None,
+         "amount": None, "seen": None},
+    ]  # fmt: skip
+
+    # refused, one line each, before anything is written: the table stays as it was for both readers
+    before_rows, before_files = cli.rows(), cli.timeline()
+    for operation, name, content, words in [
+        ("upsert", "bad-int.csv", "org,id,region,day,ts\nacme,4,eu,2024-01-03,abc\n",
+         ("column ts", "'abc'", "long")),
+        ("upsert", "bad-list.jsonl", '{"org": "acme", "id": 4, "region": "eu", "day": "2024-01-03", "ts": 1, '
+         '"zip": ["0", "1"]}\n', ("column zip", "string")),
+        ("upsert", "bad-key.jsonl",
+         '{"org": "acme", "id": "x1", "region": "eu", "day": "2024-01-03", "ts": 1}\n',
+         ("column id", '"x1"', "long")),
+        ("delete", "bad-key.csv", "org,id\nacme,one\n", ("column id", "'one'", "long")),
+        ("upsert", "bad-partition.parquet", FIRST.set_column(3, "day", pa.array([dt.date(2024, 1, 3)] * 3)),
+         ("column day", "the table's type is string", "the input's is date")),
+        ("upsert", "narrowing.parquet", FIRST.set_column(6, "amount", pa.array([1.5, 2.5, None])),
+         ("column amount", "decimal(10,2)", "double")),
+        ("insert", "no-key.csv", "org,region,day,ts\nacme,eu,2024-01-03,1\n", ("no record key column id",)),
+    ]:  # fmt: skip
+        _refused(cli.write(operation, name, content), *words)
+        assert cli.timeline() == before_files, name
+    assert cli.rows() == before_rows
+
+    # a delete matches partition values with the table's types, and says what it found
+    deleted = cli.write(
+        "delete",
+        "delete.jsonl",
+        '{"org": "beta", "id": 1, "region": "us", "day": "2024-01-02"}\n'
+        '{"org": "zzz", "id": 9, "region": "us", "day": "2024-01-02"}\n',
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    assert "(delete: of 2 keys given, 1 found and deleted, 1 not found)" in deleted.stdout
+    # insert_overwrite replaces the partitions it names; a new column widens the table, nullable
+    overwrite = cli.write(
+        "insert_overwrite", "overwrite.csv", "org,id,region,day,ts,note\nacme,3,eu,2024-01-02,1,2024-05-06\n"
+    )
+    assert overwrite.returncode == 0, overwrite.stderr
+    nothing = {"zip": None, "amount": None, "seen": None}
+    assert cli.rows() == [
+        {"org": "acme", "id": 1, "region": "eu", "day": "2024-01-01", "ts": 2, "zip": "00999",
+         "amount": "11.25", "seen": "2024-02-01 00:00:00+00:00", "note": None},
+        {"org": "acme", "id": 3, "region": "eu", "day": "2024-01-02", "ts": 1, **nothing,
+         "note": "2024-05-06"},
+    ]  # fmt: skip
+
+
+def test_a_schema_fixed_up_front_types_the_first_text_input(cli: Cli) -> None:
+    schema = cli.inputs / "orders.avsc"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "orders",
+                "fields": [
+                    {"name": "id", "type": "long"},
+                    {"name": "day", "type": ["null", "string"]},
+                    {"name": "zip", "type": ["null", "string"]},
+                    {"name": "qty", "type": ["null", "int"]},
+                ],
+            }
+        )
+    )
+    made = cli("init", cli.uri, "--record-key", "id", "--partition-field", "day", "--schema", str(schema))
+    assert made.returncode == 0, made.stderr
+    # without the schema, 00777 would be a number: the schema says it is a string
+    first = cli.write("insert", "first.csv", "id,day,zip,qty\n1,2024-01-02,00777,3\n2,2024-01-03,,\n")
+    assert first.returncode == 0, first.stderr
+    assert cli.rows() == [
+        {"id": 1, "day": "2024-01-02", "zip": "00777", "qty": 3},
+        {"id": 2, "day": "2024-01-03", "zip": None, "qty": None},
+    ]
+    # int widens to long (a new file carries the wider type; both readers read the old ones as long)
+    wider = pa.table(
+        {"id": pa.array([3], pa.int64()), "day": ["2024-01-02"], "qty": pa.array([2**40], pa.int64())}
+    )
+    assert cli.write("insert", "wider.parquet", wider).returncode == 0
+    assert [row["qty"] for row in cli.rows()] == [3, None, 2**40]
+
+
+def test_init_refuses_a_schema_that_cannot_be_the_tables(tmp_path: Path) -> None:
+    cli = Cli(str(tmp_path / "orders"), {}, {}, tmp_path)
+    schema = tmp_path / "bad.avsc"
+    for text, words in [
+        ('{"type": "record", "name": "t", "fields": [{"name": "x", "type": "long"}]}', ("no field id",)),
+        ("not json", ("not an Avro record schema",)),
+        ('{"type": "record", "name": "t", "fields": '
+         '[{"name": "id", "type": {"type": "array", "items": "int"}}]}', ("array",)),
+    ]:  # fmt: skip
+        schema.write_text(text)
+        _refused(cli("init", cli.uri, "--record-key", "id", "--schema", str(schema)), *words)
+        assert not Path(cli.uri).exists()
+
+
+def test_the_local_writer_applies_the_rules_to_arrow_tables(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], ordering_fields=["ts"])
+    writer = LocalWriter(table)
+    writer.insert(
+        pa.table(
+            {
+                "id": pa.array([1], pa.int32()),
+                "ts": pa.array([1], pa.int32()),
+                "f": pa.array([0.5], pa.float32()),
+            }
+        )
+    )
+    # narrower into wider is cast; a new column is added; a missing one is null
+    writer.upsert(pa.table({"id": pa.array([2], pa.int8()), "ts": pa.array([1], pa.int16()), "g": ["new"]}))
+    assert sorted(read.snapshot(table).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "ts": 1, "f": 0.5, "g": None},
+        {"id": 2, "ts": 1, "f": None, "g": "new"},
+    ]
+    with pytest.raises(
+        SchemaError, match=r"column id .* the table's type is int, the input's is long \(a key"
+    ):
+        writer.upsert(pa.table({"id": pa.array([3], pa.int64()), "ts": pa.array([1], pa.int32())}))
+    with pytest.raises(SchemaError, match=r"column f .* the table's type is float, the input's is string"):
+        writer.upsert(
+            pa.table({"id": pa.array([3], pa.int32()), "ts": pa.array([1], pa.int32()), "f": ["x"]})
+        )
+    assert len(list(table.timeline())) == 2
