@@ -14,6 +14,9 @@ imported and opened the table. Workloads:
 - ``apart`` (the largest writer count only): the disjoint workload with a table of its own per writer:
   what the same processes do on this machine when they share nothing (no lock waits, no one else's
   commits to check), the ceiling for ``disjoint``.
+- ``key-check`` / ``no-check`` (the largest writer count, ``--key-check-turns`` turns of each in
+  alternation): the disjoint workload with the record-key check on (the default) and off, and the ratio
+  of their commits/s turn by turn: what the check costs.
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table (if
   ``deltalake`` is importable); failed commits are counted as conflicts.
 
@@ -41,7 +44,7 @@ import time
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -398,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-delta", action="store_true", help="skip the delta-rs comparison")
     parser.add_argument("--profile", action="store_true", help="profile writer 0 of the largest disjoint run")
     parser.add_argument("--keep", action="store_true", help="keep the tables (printed path)")
+    parser.add_argument("--key-check-turns", type=int, default=3,
+                        help="turns of the largest disjoint run with the record-key check on, then off")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a cowrite write setting, e.g. hoodie.write.lock.wait_time_ms=60000")
     args = parser.parse_args(argv)
@@ -417,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.1f}; settings {settings or 'defaults'}")
     print(HEADER)
     summaries: list[Summary] = []
+    key_check: dict[str, list[float]] = {"key-check": [], "no-check": []}
     try:
         for mode, writer_counts in (("disjoint", counts), ("overlap", counts), ("apart", [max(counts)])):
             for writers in writer_counts:
@@ -424,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
                 create_us = file_create_us(root)
                 summary = run("cowrite", mode, writers, commits, root, profile, settings)
                 summaries.append(summary)
+                print(line(summary, create_us), flush=True)
+        # The record-key check (on by default) against none, at the largest writer count, in turns
+        off = {**settings, "cowrite.write.conflict.record.keys": "false"}
+        for turn in range(args.key_check_turns):
+            for label, chosen in (("key-check", settings), ("no-check", off)):
+                create_us = file_create_us(root)
+                where = root / f"{label}{turn}"
+                summary = run("cowrite", "disjoint", max(counts), commits, where, False, chosen)
+                summary = replace(summary, mode=label)
+                key_check[label].append(summary.rate)
                 print(line(summary, create_us), flush=True)
         if with_delta:
             for writers in counts:
@@ -442,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
             ours, theirs = by_key[("cowrite", "disjoint", writers)], by_key[("delta-rs", "disjoint", writers)]
             ratio = ours.rate / theirs.rate if theirs.rate else float("nan")
             print(f"  {writers} writers: {ours.rate:.1f} / {theirs.rate:.1f} = {ratio:.2f}")
+
+    if args.key_check_turns:
+        on, off = key_check["key-check"], key_check["no-check"]
+        ratios = ", ".join(f"{a / b:.2f}" for a, b in zip(on, off, strict=True) if b)
+        print(f"\nrecord-key check on / off at {max(counts)} disjoint writers, commits/s, turn by turn: "
+              f"{', '.join(f'{a:.1f}/{b:.1f}' for a, b in zip(on, off, strict=True))} (ratios {ratios}); "
+              f"median ratio {statistics.median(a / b for a, b in zip(on, off, strict=True) if b):.2f}")
 
     top, apart = by_key[("cowrite", "disjoint", max(counts))], by_key[("cowrite", "apart", max(counts))]
     print(f"\n{max(counts)} writers sharing one table / each on its own, commits/s: {top.rate:.1f} / "

@@ -36,6 +36,7 @@ from cowrite.timeline.table import Table
 from cowrite.timeline.timeline import TIMELINE_DIR
 from cowrite.timeline.transaction import Transaction, WriteOptions
 from cowrite.writer import read
+from cowrite.writer.contract import current_schema
 from cowrite.writer.local import LocalWriter, Operation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ lives beside the package
@@ -162,7 +163,7 @@ def staged(
 ) -> tuple[Transaction, object]:
     """A write that began and wrote its files, not committed yet: (transaction, its commit metadata)."""
     writer = LocalWriter(table, options)
-    prepared = writer._prepare(data, operation, "input")
+    prepared = writer._prepare(data, operation, "input", current_schema(writer.table))
     transaction = Transaction.begin(table, operation.value, operation.action, writer.options)
     return transaction, writer._write_files(transaction, prepared, operation)
 
@@ -206,7 +207,9 @@ def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> N
     write; Hudi keeps the earliest commit to retain below the earliest pending one)."""
     writer = LocalWriter(table)
     versions = [writer.insert(rows(["a", "b"])), writer.upsert(rows(["a"], ts=2))]
-    prepared = writer._prepare(rows(["b"], ts=5, value="late"), Operation.UPSERT, "input")
+    prepared = writer._prepare(
+        rows(["b"], ts=5, value="late"), Operation.UPSERT, "input", current_schema(writer.table)
+    )
     late = Transaction.begin(table, "upsert", Action.COMMIT, writer.options)
     versions += [writer.upsert(rows(["a"], ts=3)), writer.upsert(rows(["a"], ts=4))]
 

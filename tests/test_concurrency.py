@@ -793,11 +793,20 @@ def test_early_detection_stops_the_later_writer_before_it_writes(writers: Writer
     assert_rows(target, rows | expected_rows(plan_a, instant_a))
 
 
-@pytest.mark.parametrize("check_keys", [False, True], ids=["plain-occ", "record-key-check"])
-def test_concurrent_inserts_of_one_new_key(check_keys: bool, writers: Writers, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("operation", "check_keys"),
+    [("upsert", True), ("upsert", False), ("insert", True)],
+    ids=["upsert", "upsert-check-off", "insert"],
+)
+def test_concurrent_writers_of_one_new_key(
+    operation: str, check_keys: bool, writers: Writers, tmp_path: Path
+) -> None:
+    """Two writers insert key "new" into p0, each into a file group of its own. Upserts conflict (the
+    record-key check is on by default); with it off, or for inserts (Hudi's insert semantics), both
+    commit and the key is there twice."""
     target = local_target(tmp_path)
     settings = {
-        "hoodie.parquet.small.file.limit": "0",  # each insert opens its own file group
+        "hoodie.parquet.small.file.limit": "0",  # each write opens its own file group
         "cowrite.write.conflict.record.keys": str(check_keys).lower(),
     }
     seeded, rows = seed(target, ["s0"])
@@ -806,18 +815,19 @@ def test_concurrent_inserts_of_one_new_key(check_keys: bool, writers: Writers, t
         target,
         plan_a,
         name="a",
-        operation="insert",
+        operation=operation,
         options=settings,
         pause_at="written",
         release_by_file=True,
     )
     instant_a = slow.paused()["instant"]
-    fast = writers.start(target, plan_b, name="b", operation="insert", options=settings)
+    fast = writers.start(target, plan_b, name="b", operation=operation, options=settings)
     instant_b = fast.finish(EXIT_OK)["commits"][0]["instant"]
     slow.release()
-    if check_keys:
+    if check_keys and operation == "upsert":
         error = slow.finish(EXIT_CONFLICT)["error"]
         assert error["winner"] == instant_b and "records with the same keys" in error["message"]
+        assert "p0/new" in error["message"]
         assert_rows(target, rows | expected_rows(plan_b, instant_b))
     else:  # what plain file-group OCC gives: two records with one key
         slow.finish(EXIT_OK)

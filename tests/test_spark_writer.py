@@ -24,7 +24,7 @@ from support.hudi_rs import Row, rows
 from support.servers import S3Server
 
 from cowrite.cli import cli
-from cowrite.timeline.errors import LeaseLostError, SchemaError, StorageError
+from cowrite.timeline.errors import LeaseLostError, SchemaError, StorageError, WriteConflictError
 from cowrite.timeline.fs_view import FileSystemView, list_base_files
 from cowrite.timeline.heartbeat import abort_reason
 from cowrite.timeline.instant import Action, Instant, State
@@ -635,6 +635,30 @@ def test_data_frames_are_held_to_the_tables_schema_as_the_local_engine_holds_arr
         found.value
     )
     assert len(list(spark_table.timeline())) == 3
+
+
+def test_a_spark_upsert_and_a_concurrent_upsert_of_one_new_key_conflict(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark engine records the keys it wrote as the local engine does; a local upsert that inserts the
+    same new key while the Spark upsert writes wins, and the Spark upsert aborts naming the key."""
+    table = create(  # no small file group to fill: each write opens a file group of its own
+        str(tmp_path / "t"), partition_fields=["p"], ordering_fields=["ts"],
+        properties={"hoodie.parquet.small.file.limit": "0"},
+    )
+    local_writer(table).insert(frame((1, "a", 1, "x")))
+    merge = engine_module.SparkWriter._merge
+
+    def merge_while_another_upserts(self: SparkWriter, *args: Any, **kwargs: Any) -> Any:
+        metadata = merge(self, *args, **kwargs)
+        local_writer(table).upsert(frame((2, "a", 1, "local")))  # commits first
+        return metadata
+
+    monkeypatch.setattr(engine_module.SparkWriter, "_merge", merge_while_another_upserts)
+    with pytest.raises(WriteConflictError, match="records with the same keys.*a/2"):
+        SparkWriter(table, spark).upsert(spark.createDataFrame(frame((2, "a", 1, "spark"))))
+    assert sorted((r["id"], r["v"]) for r in read.snapshot(table).to_pylist()) == [(1, "x"), (2, "local")]
+    assert sorted((r["id"], r["v"]) for r in hudi_rs.snapshot(table.uri)) == [(1, "x"), (2, "local")]
 
 
 def test_input_errors_of_an_insert_come_from_its_tasks_and_abort_the_write(

@@ -260,11 +260,11 @@ def test_early_detection_is_off_by_default(table: Table) -> None:
 
 
 @pytest.mark.parametrize("check_keys", [False, True])
-def test_concurrent_inserts_of_one_new_key(table: Table, check_keys: bool) -> None:
+def test_concurrent_upserts_of_one_new_key(table: Table, check_keys: bool) -> None:
     options = _options(table, **{"cowrite.write.conflict.record.keys": str(check_keys).lower()})
     first = LocalWriter(table, options)
-    slow = Transaction.begin(table, "insert", options=options)
-    first.insert(_rows([1, 2], "a"))  # completes while the slow writer is writing
+    slow = Transaction.begin(table, "upsert", options=options)
+    first.upsert(_rows([1, 2], "a"))  # completes while the slow writer is writing
     batch = _rows([2, 3], "a", ts=5)
     incoming = batch.append_column(RECORD_KEY, pa.array(["2", "3"])).append_column(
         PARTITION_PATH, pa.array(["a", "a"])
@@ -273,9 +273,9 @@ def test_concurrent_inserts_of_one_new_key(table: Table, check_keys: bool) -> No
     stat = write_file_group(table.storage, work, slow.instant_time, incoming)
     if check_keys:
         with pytest.raises(WriteConflictError, match="records with the same keys") as caught:
-            slow.commit(CommitMetadata("insert", (stat,)))
+            slow.commit(CommitMetadata("upsert", (stat,)))
         assert caught.value.file_groups == ["a/2"]
         assert sorted(r["id"] for r in read.snapshot(table).to_pylist()) == [1, 2]
     else:  # what users of plain OCC get: two records with key 2
-        slow.commit(CommitMetadata("insert", (stat,)))
+        slow.commit(CommitMetadata("upsert", (stat,)))
         assert sorted(r["id"] for r in read.snapshot(table).to_pylist()) == [1, 2, 2, 3]

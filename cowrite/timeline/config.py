@@ -256,10 +256,10 @@ EARLY_CONFLICT_PERIOD_MS = ConfigKey(
 )
 CONFLICT_ON_RECORD_KEYS = ConfigKey(
     "cowrite.write.conflict.record.keys",
-    False,
+    True,
     parse_bool,
-    "Also abort the later of two concurrent writers that wrote the same record key into one partition "
-    "through different file groups (concurrent inserts of one new key).",
+    "Abort the later of two concurrent upserts (or insert_overwrites) that inserted the same new record "
+    "key into one partition through different file groups; false keeps Hudi's behaviour (both commit).",
 )
 
 # -- Spark engine and the `cowrite` Spark data source (Hudi's data source option names) ------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -19,7 +19,12 @@ from .commit_metadata import CommitMetadata
 from .errors import ConfigError
 from .fs_view import open_base_file
 from .instant import Instant
+from .key_summary import INSERTED_KEYS, KeySummary
 from .table import Table
+
+# Operations that insert keys; upserts and insert_overwrites (CHECKED) must not duplicate one.
+INSERTING = frozenset({"insert", "bulk_insert", "upsert", "insert_overwrite"})
+CHECKED = frozenset({"upsert", "insert_overwrite"})
 
 
 @dataclass(frozen=True)
@@ -77,22 +82,48 @@ def strategy_named(name: str) -> ConflictStrategy:
 def record_key_overlap(
     table: Table, instant_time: str, mine: CommitMetadata, winners: Sequence[Candidate]
 ) -> list[Conflict]:
-    """Winners that wrote a record with a key this write inserted too, in the same partition.
+    """Winners that inserted a record key this write inserted too, into the same partition.
 
     Concurrent inserts of one new key into different file groups do not overlap by file group, yet
-    leave two records with one key. Keys are read from the files only (the ``_hoodie_record_key`` and
-    ``_hoodie_commit_time`` columns), and only when there is a winner to compare with.
+    leave two records with one key. The commits' key summaries (:mod:`.key_summary`) answer without
+    reading a file; only where they cannot — a Bloom filter's "maybe", or a winner that recorded none —
+    are the keys read from the files (the ``_hoodie_record_key`` of the rows each instant wrote).
     """
-    if not winners:
-        return []
-    my_keys = _keys_written(table, mine, instant_time)
+    summary = inserted_keys(mine)
     conflicts = []
+    my_keys: set[tuple[str, str]] | None = None
     for winner in winners:
-        theirs = _keys_written(table, winner.metadata, winner.instant.requested_time)
-        both = my_keys & theirs
+        theirs = inserted_keys(winner.metadata)
+        if summary is not None and theirs is not None:
+            sure, maybe = summary.shared(theirs)
+            if not maybe:
+                if sure:
+                    conflicts.append(Conflict(winner.instant, frozenset(sure)))
+                continue
+        elif theirs is None and winner.metadata.operation not in INSERTING:
+            continue
+        if my_keys is None:
+            my_keys = _keys_written(table, mine, instant_time)
+        both = my_keys & _keys_written(table, winner.metadata, winner.instant.requested_time)
         if both:
             conflicts.append(Conflict(winner.instant, frozenset(both)))
     return conflicts
+
+
+def inserted_keys(metadata: CommitMetadata) -> KeySummary | None:
+    """The summary of the keys a commit inserted, if it recorded one that can be read."""
+    text = metadata.extra.get(INSERTED_KEYS)
+    return KeySummary.from_json(text) if text else None
+
+
+def with_inserted_keys(table: Table, metadata: CommitMetadata, instant_time: str) -> CommitMetadata:
+    """``metadata`` with the summary of the keys it wrote, read from its files, where an engine did not
+    record one (it knows them in memory, this reads them): every key the instant wrote counts as
+    inserted, which can only add conflicts that updates of one key cause anyway."""
+    if metadata.operation not in INSERTING or INSERTED_KEYS in metadata.extra:
+        return metadata
+    summary = KeySummary.of(_keys_written(table, metadata, instant_time))
+    return replace(metadata, extra={**metadata.extra, INSERTED_KEYS: summary.to_json()})
 
 
 def _keys_written(table: Table, metadata: CommitMetadata, instant_time: str) -> set[tuple[str, str]]:

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from . import config as keys
 from .commit_metadata import CommitMetadata
 from .config import Config
-from .conflict import Candidate, ConflictStrategy, record_key_overlap, strategy_named
+from .conflict import (
+    CHECKED,
+    Candidate,
+    ConflictStrategy,
+    record_key_overlap,
+    strategy_named,
+)
 from .errors import (
     CommitFailedError,
     CommitStateUnknownError,
@@ -350,7 +356,7 @@ class Transaction:
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
             )
-        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS):
+        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED:
             completed = [c for c in candidates if c.instant.is_completed]
             for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
                 raise WriteConflictError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +22,7 @@ from ..timeline import config as keys
 from ..timeline.commit_metadata import CommitMetadata, WriteStat
 from ..timeline.fs_view import FileSystemView
 from ..timeline.instant import Action, Instant
+from ..timeline.key_summary import INSERTED_KEYS, KeySummary
 from ..timeline.table import Table
 from ..timeline.transaction import Transaction, WriteOptions, retry_on_conflict
 from .clustering import revert_clusterings
@@ -182,7 +184,12 @@ class LocalWriter:
                     recent=self._recent,
                 )
             )
-        return self._metadata(operation, stats, replaced, schema)
+        done = self._metadata(operation, stats, replaced, schema)
+        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and operation is not Operation.DELETE:
+            new = tagged if FILE_ID not in tagged.column_names else tagged.filter(pc.is_null(tagged[FILE_ID]))
+            pairs = zip(new[PARTITION_PATH].to_pylist(), new[RECORD_KEY].to_pylist(), strict=True)
+            done = replace(done, extra={INSERTED_KEYS: KeySummary.of(pairs).to_json()})
+        return done
 
     def _metadata(
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str

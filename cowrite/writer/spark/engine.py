@@ -83,6 +83,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from ...timeline import config as keys
 from ...timeline.commit_metadata import CommitMetadata
+from ...timeline.conflict import with_inserted_keys
 from ...timeline.errors import CommitStateUnknownError, ConfigError, CowriteError
 from ...timeline.fs_view import FileSystemView
 from ...timeline.instant import Action, Instant
@@ -482,6 +483,8 @@ class SparkWriter:
         release: list[DataFrame] = []
         try:
             metadata = self._merge(transaction, prepared, operation, release)
+            if self.config.get(keys.CONFLICT_ON_RECORD_KEYS):  # rivals compare their new keys with these
+                metadata = with_inserted_keys(self.table, metadata, transaction.instant_time)
             transaction.check_alive()
         except BaseException as exc:
             transaction.abort(exc)
