@@ -434,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         # The record-key check (on by default) against none, at the largest writer count, in turns
         off = {**settings, "cowrite.write.conflict.record.keys": "false"}
         for turn in range(args.key_check_turns):
-            for label, chosen in (("key-check", settings), ("no-check", off)):
+            pair = (("key-check", settings), ("no-check", off))
+            for label, chosen in pair if turn % 2 == 0 else pair[::-1]:  # neither always goes first
                 create_us = file_create_us(root)
                 where = root / f"{label}{turn}"
                 summary = run("cowrite", "disjoint", max(counts), commits, where, False, chosen)

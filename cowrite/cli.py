@@ -27,6 +27,7 @@ import pyarrow as pa
 from .timeline import config as keys
 from .timeline.errors import (
     CommitStateUnknownError,
+    CorruptTimelineError,
     CowriteError,
     LeaseLostError,
     LockTimeoutError,
@@ -270,31 +271,39 @@ def _emit(result: pa.Table, output_format: str, output: str | None) -> None:
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per instant.")
 def timeline(path: str, as_json: bool) -> None:
-    """Show the instants of the table at PATH."""
+    """Show the instants of the table at PATH; a completed commit that cannot be parsed is marked CORRUPT
+    and the command then exits 1."""
     try:
         table = Table.load(path)
         instants = list(table.timeline())
     except CowriteError as exc:
         _fail(exc)
-    if as_json:
-        for instant in instants:
-            click.echo(
-                json.dumps(
-                    {
-                        "requested_time": instant.requested_time,
-                        "action": instant.action.value,
-                        "state": instant.state.name,
-                        "completion_time": instant.completion_time,
-                    }
-                )
-            )
-        return
-    click.echo(f"table {table.name} at {table.uri}: {len(instants)} instants")
+    corrupt: dict[str, CorruptTimelineError] = {}
     for instant in instants:
-        click.echo(
-            f"{instant.requested_time}  {instant.action.value:<14} {instant.state.name:<10} "
-            f"{instant.completion_time or ''}"
-        )
+        if instant.is_completed and instant.action.writes_data:
+            try:
+                table.commit_metadata(instant)
+            except CorruptTimelineError as exc:
+                corrupt[instant.file_name] = exc
+    if not as_json:
+        click.echo(f"table {table.name} at {table.uri}: {len(instants)} instants")
+    for instant in instants:
+        problem = corrupt.get(instant.file_name)
+        if as_json:
+            view = {
+                "requested_time": instant.requested_time,
+                "action": instant.action.value,
+                "state": instant.state.name,
+                "completion_time": instant.completion_time,
+            }
+            click.echo(json.dumps({**view, "corrupt": str(problem)} if problem else view))
+        else:
+            click.echo(
+                f"{instant.requested_time}  {instant.action.value:<14} {instant.state.name:<10} "
+                f"{instant.completion_time or ''}{'  CORRUPT' if problem else ''}"
+            )
+    if corrupt:  # the first; the listing above marks every one
+        _fail(next(iter(corrupt.values())))
 
 
 @cli.command()

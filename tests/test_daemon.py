@@ -666,6 +666,11 @@ def test_a_broken_table_is_reported_and_the_others_are_served(
             lambda: sample(daemon, "cowrite_table_up", table="broken") == 0, "the broken table reported"
         )
         assert bogus.file_name in str(daemon.service("broken").status.error)  # type: ignore[union-attr]
+        assert str(daemon.service("broken").status.corrupt).endswith(bogus.file_name)  # type: ignore[union-attr]
+        assert (
+            sample(daemon, "cowrite_corrupt_timeline_file", table="broken"),
+            sample(daemon, "cowrite_corrupt_timeline_file", table="orders"),
+        ) == (1, 0)
         second = writer(good).insert(rows(["k2"]))
         wait_until(
             lambda: count(daemon, "cowrite_commits_total", table="orders", action="commit") == 1,

@@ -12,9 +12,9 @@ from support import hudi_rs
 from support.hudi_rs import rows
 
 from cowrite.cleaner import clean, service_lock
-from cowrite.timeline.errors import BaseFileGoneError, TimeTravelCleanedError
+from cowrite.timeline.errors import BaseFileGoneError, CorruptTimelineError, TimeTravelCleanedError
 from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
+from cowrite.timeline.table import Table, _read_commit_metadata
 from cowrite.timeline.transaction import WriteOptions
 from cowrite.writer import read
 from cowrite.writer.local import LocalWriter
@@ -159,3 +159,22 @@ def _holds(row: dict[str, Any], rule: tuple[Any, ...]) -> bool:
         ">=": lambda: value >= target, "in": lambda: value in target,
     }  # fmt: skip
     return bool(checks[op]())
+
+
+def test_a_corrupt_commit_fails_every_spark_read(spark: Any, tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path), name="t", record_key_fields=["id"], partition_fields=["p"])
+    write = writer(table)
+    write.insert(frame((1, "a", 1, "a1")))
+    second = write.insert(frame((2, "b", 1, "b2")))
+    write.insert(frame((3, "c", 1, "c3")))
+    path = table.instant_path(second)
+    table.storage.write(path, table.storage.read(path)[:20])
+    _read_commit_metadata.cache_clear()  # as a new process would read it
+    first = min(table.timeline().requested_times)
+    for read_it in (
+        lambda: snapshot(spark, table),
+        lambda: snapshot(spark, table, as_of=first),
+        lambda: incremental(spark, table, None, None),
+    ):
+        with pytest.raises(CorruptTimelineError, match=second.file_name):
+            read_it()

@@ -51,6 +51,7 @@ def _status_json(service: TableService) -> dict[str, Any]:
         "uri": status.uri,
         "up": status.up,
         "error": status.error,
+        "corrupt": status.corrupt,
         "instants": status.instants_by_state,
         "pending": len(status.pending),
         "failed": sum(1 for p in status.pending if p.failed),

@@ -36,6 +36,7 @@ class TableStatus:
     watermark: str | None = None
     fence: str | None = None
     lock: dict[str, object] | None = None
+    corrupt: str | None = None  # a timeline file the last poll could not parse: readers fail on it too
 
 
 class DaemonMetrics:
@@ -129,8 +130,14 @@ class TableStateCollector(Collector):
             "Completion time up to which incremental readers may read",
             labels=["table"],
         )
+        corrupt = GaugeMetricFamily(
+            "cowrite_corrupt_timeline_file",
+            "1 while the table has a timeline file that cannot be parsed (every read of it fails)",
+            labels=["table"],
+        )
         for status in self.statuses():
             up.add_metric([status.name], 1.0 if status.up else 0.0)
+            corrupt.add_metric([status.name], 1.0 if status.corrupt else 0.0)
             if not status.up:
                 continue
             elapsed = max(0.0, now - status.polled_at)
@@ -147,4 +154,5 @@ class TableStateCollector(Collector):
             garbage_bytes.add_metric([status.name], status.garbage_bytes)
             if status.watermark:
                 watermark.add_metric([status.name], to_millis(status.watermark) / 1000)
-        yield from (up, instants, pending, oldest, heartbeat, failed, garbage_files, garbage_bytes, watermark)
+        yield from (up, corrupt, instants, pending, oldest, heartbeat, failed)
+        yield from (garbage_files, garbage_bytes, watermark)

@@ -106,8 +106,9 @@ class TableService:
                 if str(exc) != self.status.error:  # once per new problem, not once per poll
                     trace = None if isinstance(exc, CowriteError) else exc
                     log.error("table %s (%s) failed: %s", self.name, self.entry.uri, exc, exc_info=trace)
+                corrupt = exc.path if isinstance(exc, CorruptTimelineError) else None
                 self.status = TableStatus(
-                    self.name, self.entry.uri, up=False, error=str(exc), polled_at=time.time()
+                    self.name, self.entry.uri, False, str(exc), time.time(), corrupt=corrupt
                 )
                 if self.table is not None and self.follower is not None and self.polls == 0:
                     self.table = None
@@ -135,6 +136,7 @@ class TableService:
         table = self._open()
         assert self.follower is not None and self.lock is not None
         created, _ = self.follower.poll()
+        table.verified(self.follower.timeline)  # a commit no reader can parse stops the table's jobs
         for instant in created:
             if instant.is_completed and self.polls > 0:
                 self.metrics.commits.labels(self.name, instant.action.value).inc()

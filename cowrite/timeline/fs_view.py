@@ -83,7 +83,7 @@ class FileSystemView:
         as_of: str | None = None,
         partitions: Iterable[str] | None = None,
     ) -> FileSystemView:
-        timeline = timeline if timeline is not None else table.timeline()
+        timeline = table.verified(timeline if timeline is not None else table.timeline())
         if as_of is not None:
             check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]

@@ -209,6 +209,17 @@ class Table:
         """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
         return _read_commit_metadata(self.storage, self.instant_path(instant))
 
+    def verified(self, timeline: Timeline) -> Timeline:
+        """``timeline``, once every completed commit and replacecommit on it has been parsed.
+
+        A read never skips a commit it cannot parse — its records would be silently missing —: a corrupt
+        one raises :class:`CorruptTimelineError` naming the file and what to do. Each file is parsed once
+        per process (completed files never change), so this costs a read only for new commits.
+        """
+        for instant in timeline.data_commits():
+            self.commit_metadata(instant)
+        return timeline
+
     def claim_instant(
         self,
         timeline: Timeline,

@@ -67,7 +67,7 @@ def incremental(
     with_meta: bool = False,
 ) -> pa.Table:
     """Records written by commits completed in ``(since, until]`` (completion times)."""
-    commits = table.timeline().completed_in(InstantRange.within(since, until))
+    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
     return _read_entries(table, entries_of(table, commits), columns, with_meta)
 
 
@@ -113,13 +113,14 @@ def pull(
             raise CowriteError(
                 f"{table.uri} has no END_COMMIT_TIME overlay yet; is `cowrite daemon` serving it?"
             )
+        table.verified(table.timeline())
         entries = overlay.since(checkpoint)
         new_checkpoint = overlay.watermark if entries else checkpoint
     elif mode is PullMode.COMPLETION_TIME:
         # Two looks: a listing taken while commits land may show a later commit but not an earlier one;
         # whatever had completed by the newest commit of the first look is certainly in the second.
         watermark = table.timeline().latest_completion_time
-        timeline = table.timeline()
+        timeline = table.verified(table.timeline())
         window = InstantRange.within(checkpoint, watermark)
         entries = entries_of(table, timeline.completed_in(window)) if watermark else []
         new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
@@ -127,7 +128,7 @@ def pull(
         # Two looks, as above: instants are claimed in time order, so every instant requested before the
         # newest one of the first look (pending or not) is in the second.
         cap = max(table.timeline().requested_times, default=None)
-        timeline = table.timeline()
+        timeline = table.verified(table.timeline())
         fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
         ready = [
             i

@@ -76,7 +76,7 @@ def plan_incremental(
 ) -> Scan:
     """The base files and commits of an incremental read of completion times ``(since, until]``."""
     rules = predicates(filters)
-    commits = table.timeline().completed_in(InstantRange.within(since, until))
+    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
     entries = entries_of(table, commits)
     fields, hive = table.partition_fields, table.hive_style_partitioning
     paths = [p for p in newest_files(entries) if partition_matches(p.rpartition("/")[0], fields, hive, rules)]
