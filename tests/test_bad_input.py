@@ -20,7 +20,7 @@ from cowrite.timeline.errors import (
 )
 from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import PROPERTIES_FILE, Table, format_properties
+from cowrite.timeline.table import PROPERTIES_FILE, Table, _read_commit_metadata, format_properties
 from cowrite.timeline.timeline import TIMELINE_DIR
 from cowrite.timeline.transaction import Transaction, WriteOptions
 from cowrite.writer import read
@@ -151,6 +151,7 @@ def corrupt(table: Table, instant: Instant, how: str) -> str:
     path = table.instant_path(instant)
     data = table.storage.read(path)
     table.storage.write(path, data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 3)
+    _read_commit_metadata.cache_clear()  # as a new process would read it: completed files never change
     return table.storage.full_path(path)
 
 
@@ -180,19 +181,21 @@ def test_snapshot_over_a_corrupt_replacecommit_names_the_file(table: Table, how:
 def test_a_write_that_reads_a_corrupt_commit_fails_without_a_trace(table: Table, how: str) -> None:
     """A delete reads the latest commit's schema; the corrupt file stops it before any data is written."""
     _, second = completed(table)
-    path = corrupt(table, second, how)
     before_completed, before_rows = completed(table), read.snapshot(table).to_pylist()
+    original = table.storage.read(table.instant_path(second))
+    path = corrupt(table, second, how)
     data_before = {p for p in files(table.storage) if p.endswith(".parquet")}
     threads_before = heartbeat_threads()
     with pytest.raises(CorruptTimelineError, match=path):
         writer(table).delete(pa.table({"id": [2]}))
     assert completed(table) == before_completed
-    assert read.snapshot(table).to_pylist() == before_rows
     assert {p for p in files(table.storage) if p.endswith(".parquet")} == data_before
     assert heartbeat_threads() == threads_before
     # the lock was released: the next write is refused for the corruption too, not left waiting
     with pytest.raises(CorruptTimelineError, match=path):
         writer(table).upsert(frame((4, "b", "four")))
+    table.storage.write(table.instant_path(second), original)  # repaired, the table reads as before
+    assert read.snapshot(table).to_pylist() == before_rows
 
 
 def test_a_corrupt_commit_that_completed_concurrently_fails_the_commit_cleanly(
@@ -226,6 +229,9 @@ def test_a_corrupt_commit_that_completed_concurrently_fails_the_commit_cleanly(
     (garbage,) = others
     assert table.storage.full_path(table.instant_path(garbage)) in str(raised.value)
     assert [i for i in completed(table) if i != garbage] == before_completed
+    with pytest.raises(CorruptTimelineError):  # until someone removes the garbage
+        read.snapshot(table)
+    table.storage.delete(table.instant_path(garbage))
     assert read.snapshot(table).to_pylist() == before_rows
     # the instant definitely did not commit: its data files are removed and its heartbeat stops
     data_after = {p for p in files(table.storage) if p.endswith(".parquet")}

@@ -10,7 +10,8 @@ table without either, the first write's. An input fits it by Hudi's rules of sch
 - a column the table lacks is added to it, nullable, after the others;
 - a column of the same kind (Avro type) is written as it comes; a narrower input is widened (``int`` to
   ``long``, ``float`` or ``double``; ``long`` to ``float`` or ``double``; ``float`` to ``double``), and a
-  wider input widens the table's column the same way, except a key or partition column, whose type stays;
+  wider input widens the table's column the same way, except a key or partition column, whose type
+  stays (a ``long`` input of one is cast to its ``int`` when every value fits: its text is the same);
 - anything else (a narrowing, another kind) is refused with :class:`SchemaError` naming the column, the
   table's type and the input's — before anything is written.
 
@@ -117,6 +118,8 @@ def fit(
             target.append(pa.field(name, arrow_type(have_kind)))
         elif given_kind in WIDER.get(have_kind, ()) and name not in fixed:
             target.append(pa.field(name, arrow_type(given_kind)))  # the table's column widens
+        elif (have_kind, given_kind) == ("int", "long"):  # a key or partition keeps its type and its text
+            target.append(pa.field(name, have.type))  # (conform refuses a value that does not fit)
         else:
             raise SchemaError(
                 f"column {name} of {source} does not fit the table: the table's type is {have_kind}, "
