@@ -166,13 +166,6 @@ def conform(data: pa.Table, target: pa.Schema, source: str = "input") -> pa.Tabl
     return pa.Table.from_arrays(columns, schema=target)
 
 
-def text_types(current: pa.Schema | None, names: Sequence[str]) -> dict[str, pa.DataType]:
-    """The types to parse text columns (CSV, JSON Lines) ``names`` with: the table's, where it has them."""
-    if current is None:
-        return {}
-    return {name: current.field(name).type for name in names if name in current.names}
-
-
 def declared_schema(text: str, table_fields: Sequence[str], source: str) -> str:
     """A schema fixed up front (``cowrite init --schema``): ``text`` checked to be an Avro record schema of
     types cowrite stores that has every field the table's configuration names; returned as compact JSON.
