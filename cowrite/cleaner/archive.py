@@ -91,14 +91,20 @@ def archive(
             return None
         files = {info.name for info in table.storage.list(TIMELINE_DIR)}
         steps = [[step for step in _states(instant) if step.file_name in files] for instant in chosen]
-        records = [
-            {
-                "file": step.file_name,
-                "content": base64.b64encode(table.storage.read(table.instant_path(step))).decode(),
-            }
-            for states in steps
-            for step in states
-        ]
+        try:
+            records = [
+                {
+                    "file": step.file_name,
+                    "content": base64.b64encode(table.storage.read(table.instant_path(step))).decode(),
+                }
+                for states in steps
+                for step in states
+            ]
+        except FileNotFoundError as exc:
+            # Only a holder of the lock removes timeline files: ours was expired while we paused, and
+            # someone moved the timeline on. Archive nothing now; the next run starts from a new listing.
+            log.warning("the timeline of %s changed while archiving (%s); nothing archived", table, exc)
+            return None
         path = f"{ARCHIVE_DIR}/{chosen[0].requested_time}_{chosen[-1].requested_time}.json"
         table.storage.write(path, json.dumps(records).encode())
         for states in steps:  # oldest instant first; for each, its completed file last

@@ -51,6 +51,18 @@ class StorageError(CowriteError):
     """The storage backend failed (permission, network, unavailable service)."""
 
 
+class InstantGoneError(StorageError):
+    """A timeline file that a listing showed was removed before it was read: a concurrent rollback,
+    archival or clean moved the timeline on. Nothing was changed; reload the timeline and retry."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path} vanished while reading the timeline (archived or rolled back meanwhile); reload the "
+            "timeline and retry"
+        )
+        self.path = path
+
+
 class CommitFailedError(CowriteError):
     """The instant definitely did not complete; its data is invisible garbage and the write may be retried."""
 

@@ -28,9 +28,9 @@ from .config import Config
 from .errors import (
     ConfigError,
     CowriteError,
+    InstantGoneError,
     InvalidTablePropertiesError,
     LeaseLostError,
-    StorageError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -341,23 +341,24 @@ class Table:
         return f"Table({self.name!r} at {self.uri})"
 
 
+def _read_timeline_file(storage: Storage, path: str) -> bytes:
+    """A timeline file a listing showed; :class:`InstantGoneError` if it was removed since."""
+    try:
+        return storage.read(path)
+    except FileNotFoundError:
+        raise InstantGoneError(storage.full_path(path)) from None
+
+
 @lru_cache(maxsize=4096)
 def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
-    try:
-        data = storage.read(path)
-    except FileNotFoundError:
-        raise StorageError(
-            f"{storage.full_path(path)} vanished while reading the timeline (archived or rolled back "
-            "meanwhile?); reload and retry"
-        ) from None
-    return CommitMetadata.from_bytes(data, storage.full_path(path))
+    return CommitMetadata.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
 
 
 @lru_cache(maxsize=1024)
 def _read_clean_plan(storage: Storage, path: str) -> CleanPlan:
-    return CleanPlan.from_bytes(storage.read(path), storage.full_path(path))
+    return CleanPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
 
 
 @lru_cache(maxsize=1024)
 def _read_rollback_plan(storage: Storage, path: str) -> RollbackPlan:
-    return RollbackPlan.from_bytes(storage.read(path), storage.full_path(path))
+    return RollbackPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))

@@ -37,6 +37,7 @@ from .errors import (
     CommitFailedError,
     CommitStateUnknownError,
     CowriteError,
+    InstantGoneError,
     LeaseLostError,
     StorageError,
     WriteConflictError,
@@ -287,11 +288,7 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
                 f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
             )
-        if any(
-            self.table.rollback_plan(r).target == self.instant_time
-            for r in timeline.after(self.instant_time)
-            if r.action is Action.ROLLBACK
-        ):
+        if self._being_rolled_back(timeline):
             raise LeaseLostError(
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
@@ -314,6 +311,17 @@ class Transaction:
         if reverted is not None:
             self._publish_revert(reverted)
         return done
+
+    def _being_rolled_back(self, timeline: Timeline) -> bool:
+        """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after
+        the listing was archived, so it had completed; it was not of this instant, which is still here."""
+        for rollback in timeline.after(self.instant_time).filter(actions=[Action.ROLLBACK]):
+            try:
+                if self.table.rollback_plan(rollback).target == self.instant_time:
+                    return True
+            except InstantGoneError:
+                continue
+        return False
 
     def _publish_revert(self, revert: Revert) -> None:
         """Complete the replacecommit that undoes clusterings, right after our own commit."""
