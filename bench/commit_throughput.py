@@ -85,7 +85,7 @@ def _directory_kind(path: str) -> str:
 def count_storage_calls(result: WriterResult, kind: type) -> None:
     """Wrap every operation of the storage class ``kind`` (in this process only) to count calls and the
     sizes of listings."""
-    from cowrite.timeline.storage import Storage
+    from cowrite.storage.backend import Storage
 
     def wrap(name: str) -> None:
         original = getattr(kind, name)
@@ -109,7 +109,7 @@ def count_storage_calls(result: WriterResult, kind: type) -> None:
 
 def time_lock(result: WriterResult) -> None:
     """Record how long each acquire of the filesystem lock waited and how long the lock was held."""
-    from cowrite.timeline.locks.filesystem import FileSystemLock
+    from cowrite.protocol.locks.filesystem import FileSystemLock
 
     acquire, release = FileSystemLock.acquire, FileSystemLock.release
     taken: dict[int, float] = {}
@@ -182,10 +182,10 @@ def cowrite_worker(
 ) -> None:
     result = WriterResult()
     try:
-        from cowrite.timeline.errors import WriteConflictError
-        from cowrite.timeline.table import Table
-        from cowrite.timeline.transaction import WriteOptions
-        from cowrite.writer.local import LocalWriter
+        from cowrite.errors import WriteConflictError
+        from cowrite.format.table import Table
+        from cowrite.local.writer import LocalWriter
+        from cowrite.protocol.transaction import WriteOptions
 
         table = Table.load(uri)
         count_storage_calls(result, type(table.storage))
@@ -272,8 +272,8 @@ class Summary:
 def create_cowrite_table(uri: str, mode: str, writers: int) -> None:
     import pyarrow as pa
 
-    from cowrite.timeline.table import Table
-    from cowrite.writer.local import LocalWriter
+    from cowrite.format.table import Table
+    from cowrite.local.writer import LocalWriter
 
     table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
                          ordering_fields=["ts"])

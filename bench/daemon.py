@@ -45,15 +45,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cowrite.timeline import config as keys
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.heartbeat import Heartbeat, HeartbeatPolicy
-from cowrite.timeline.instant import Action, Instant, State, from_millis
-from cowrite.timeline.locks import LockHolder
-from cowrite.timeline.locks.filesystem import LOCK_DIR, FileSystemLock, read_release
-from cowrite.timeline.overlay import OVERLAY_PATH
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.overlay import OVERLAY_PATH
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
+from cowrite.protocol.locks import LockHolder
+from cowrite.protocol.locks.filesystem import LOCK_DIR, FileSystemLock, read_release
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SCHEMA = json.dumps(
@@ -176,9 +176,9 @@ class DaemonProcess:
 
 _WRITER = """
 import sys, time
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.table import Table
+from cowrite.protocol.transaction import Transaction, WriteOptions
 table = Table.load(sys.argv[1])
 options = WriteOptions(config=table.config.with_values(dict(a.split("=", 1) for a in sys.argv[2:])))
 transaction = Transaction.begin(table, "insert", options=options)
@@ -189,10 +189,10 @@ time.sleep(3600)
 
 _HOLDER = """
 import sys, time
-from cowrite.timeline.heartbeat import Heartbeat, HeartbeatPolicy
-from cowrite.timeline.locks import LockHolder
-from cowrite.timeline.locks.filesystem import FileSystemLock
-from cowrite.timeline.storage import Storage
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
+from cowrite.protocol.locks import LockHolder
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.storage.backend import Storage
 storage, instant = Storage.for_uri(sys.argv[1]), sys.argv[2]
 policy = HeartbeatPolicy(float(sys.argv[3]), int(sys.argv[4]))
 Heartbeat(storage, instant, policy).start()

@@ -19,11 +19,11 @@ import time
 import pyarrow as pa
 
 from cowrite.cleaner import archive, service_lock
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.fs_view import FileSystemView
-from cowrite.timeline.instant import Action, Instant, State, from_millis
-from cowrite.timeline.table import Table
-from cowrite.writer.local import LocalWriter
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.fs_view import FileSystemView
+from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
 
 
 def build(commits: int) -> Table:

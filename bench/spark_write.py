@@ -214,8 +214,8 @@ def mib(value: float) -> str:
 
 # -- the rounds ------------------------------------------------------------------------------------------
 def one_round(spark: Any, data: Any, batch: Any, root: Path, memory: Memory) -> dict[str, float]:
-    from cowrite.timeline.table import Table
-    from cowrite.writer.spark import SparkWriter
+    from cowrite.format.table import Table
+    from cowrite.spark import SparkWriter
 
     times: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.verbose:
         logging.basicConfig(format="%(relativeCreated)8.0f ms %(message)s")
-        logging.getLogger("cowrite.writer.spark").setLevel(logging.DEBUG)
-        logging.getLogger("cowrite.timeline.transaction").setLevel(logging.DEBUG)
+        logging.getLogger("cowrite.spark").setLevel(logging.DEBUG)
+        logging.getLogger("cowrite.protocol.transaction").setLevel(logging.DEBUG)
 
     load = os.getloadavg()
     print(f"cpus {os.cpu_count()}, load average {load[0]:.2f} {load[1]:.2f}, master {args.master}, "

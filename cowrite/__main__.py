@@ -11,10 +11,10 @@ import sys
 
 def main() -> None:
     if sys.argv[1:2] == ["daemon"]:
-        from .shutdown import catch
+        from cowrite.shutdown import catch
 
         catch()
-    from .cli import main as run
+    from cowrite.cli import main as run
 
     run()
 

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 import pyarrow as pa
 
-from .timeline import config as keys
-from .timeline.errors import (
+from cowrite.engine.contract import current_schema
+from cowrite.engine.inputs import read_input
+from cowrite.errors import (
     CommitStateUnknownError,
     CorruptTimelineError,
     CowriteError,
@@ -34,13 +35,12 @@ from .timeline.errors import (
     SchemaError,
     WriteConflictError,
 )
-from .timeline.table import Table
-from .timeline.transaction import WriteOptions
-from .writer.contract import current_schema
-from .writer.inputs import read_input
+from cowrite.format import config as keys
+from cowrite.format.table import Table
+from cowrite.protocol.transaction import WriteOptions
 
 if TYPE_CHECKING:
-    from .writer.clustering import MapJobs
+    from cowrite.engine.clustering import MapJobs
 
 EXIT_ERROR, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 3, 4, 5, 6
 _EXIT_CODES: list[tuple[type[CowriteError], int]] = [
@@ -106,7 +106,7 @@ def init(
     schema_file: str | None,
 ) -> None:
     """Create an empty table at PATH (local or s3://)."""
-    from .writer.contract import declared_schema
+    from cowrite.engine.contract import declared_schema
 
     keys_, partitions, ordering = _split(record_key), _split(partition_field), _split(ordering_field)
     try:
@@ -168,7 +168,7 @@ def write(
     master: str,
 ) -> None:
     """Write records into the table at PATH as one commit."""
-    from .writer.local import LocalWriter
+    from cowrite.local.writer import LocalWriter
 
     if operation == "bulk_insert" and engine != "spark":
         raise click.UsageError("--operation bulk_insert needs --engine spark")
@@ -179,7 +179,7 @@ def write(
             settings[keys.LOCK_PROVIDER.key] = lock_provider
         write_options = WriteOptions(config=table.config.with_values(settings))
         if engine == "spark":
-            from .writer.spark import command
+            from cowrite.spark import command
 
             instant, count = command.write(
                 table, write_options, input_path, input_format, operation, master
@@ -228,7 +228,7 @@ def read(
     with_meta: bool,
 ) -> None:
     """Read the table at PATH: snapshot, time travel or incremental."""
-    from .writer import read as readers
+    from cowrite.local import read as readers
 
     if as_of and (since or until):
         raise click.UsageError("--as-of (time travel) and --since/--until (incremental) exclude each other")
@@ -311,8 +311,8 @@ def timeline(path: str, as_json: bool) -> None:
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE, e.g. heartbeat tolerance.")
 def rollback(path: str, options: Sequence[str]) -> None:
     """Roll back the failed writes of the table at PATH (pending, heartbeat expired) once."""
-    from .cleaner import rollback_failed, service_lock
-    from .timeline.heartbeat import HeartbeatPolicy
+    from cowrite.cleaner import rollback_failed, service_lock
+    from cowrite.protocol.heartbeat import HeartbeatPolicy
 
     try:
         table = _with_settings(Table.load(path), options)
@@ -333,8 +333,8 @@ def rollback(path: str, options: Sequence[str]) -> None:
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
 def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
     """Delete file versions that the last N commits no longer need, once."""
-    from .cleaner import clean as run_clean
-    from .cleaner import service_lock
+    from cowrite.cleaner import clean as run_clean
+    from cowrite.cleaner import service_lock
 
     try:
         table = _with_settings(Table.load(path), options)
@@ -374,8 +374,8 @@ def cluster(
 
     Run it from one job dedicated to table services (RFC-22: scheduling is not every writer's job).
     """
-    from .cleaner import service_lock
-    from .writer.clustering import execute_clustering, pending_clusterings, schedule_clustering
+    from cowrite.cleaner import service_lock
+    from cowrite.engine.clustering import execute_clustering, pending_clusterings, schedule_clustering
 
     try:
         table = _with_settings(Table.load(path), options)
@@ -392,12 +392,12 @@ def cluster(
 
 
 def _cluster_jobs(engine: str, master: str, options: Sequence[str]) -> MapJobs:
-    from .writer.clustering import map_locally
+    from cowrite.engine.clustering import map_locally
 
     if engine == "local":
         return map_locally
-    from .writer.spark.clustering import map_on_spark
-    from .writer.spark.command import session
+    from cowrite.spark.clustering import map_on_spark
+    from cowrite.spark.command import session
 
     spark, _ = session(master, _options(options))  # stopped with the process
     return map_on_spark(spark)
@@ -428,8 +428,8 @@ def bootstrap_command(
 
     Run it before any other writer; a failed bootstrap is rolled back like any failed write.
     """
-    from .writer.spark.bootstrap import bootstrap
-    from .writer.spark.command import session
+    from cowrite.spark.bootstrap import bootstrap
+    from cowrite.spark.command import session
 
     settings = _options(options)
     spark, created = session(master, settings)
@@ -459,7 +459,7 @@ def bootstrap_command(
 )
 def archive_command(path: str, options: Sequence[str]) -> None:
     """Move old completed instants off the active timeline (after cleaning), once."""
-    from .cleaner import archive, service_lock
+    from cowrite.cleaner import archive, service_lock
 
     try:
         table = _with_settings(Table.load(path), options)
@@ -498,10 +498,10 @@ def daemon(
 
     SIGTERM or SIGINT drains (running jobs finish) and exits 0.
     """
-    from . import shutdown
-    from .daemon.config import DaemonConfig
-    from .daemon.logs import configure
-    from .daemon.service import Daemon
+    from cowrite import shutdown
+    from cowrite.daemon.config import DaemonConfig
+    from cowrite.daemon.logs import configure
+    from cowrite.daemon.service import Daemon
 
     stop = shutdown.catch()  # the entry point caught them already; a request made since is kept
     configure(log_level.upper())
@@ -528,7 +528,7 @@ def daemon(
 @click.option("--path", help="Where to create the demo table (default: a new temporary directory).")
 def demo(path: str | None) -> None:
     """Show concurrent writers, a conflict, a killed writer and incremental reads on a local table."""
-    from .demo import run
+    from cowrite.demo import run
 
     run(path)
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from .timeline.commit_metadata import CommitMetadata
-from .timeline.fs_view import list_base_files
-from .timeline.instant import Action, Instant
-from .timeline.table import Table
-from .timeline.transaction import Transaction
-from .writer import read
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.instant import Action, Instant
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.protocol.transaction import Transaction
 
 _COWRITE = [sys.executable, "-m", "cowrite"]
 _FAST_HEARTBEAT = {
@@ -40,7 +40,7 @@ _FAST_HEARTBEAT = {
 def slow_write(release: str, *args: str) -> None:
     """``cowrite write`` that, between writing its files and committing, waits until the file ``release``
     exists (at most ten minutes): a long backfill, held at the point where the demo needs it."""
-    from .cli import main
+    from cowrite.cli import main
 
     commit = Transaction.commit
 

@@ -11,7 +11,7 @@ import fsspec
 import pytest
 from support.servers import S3Server, ZooKeeperServer
 
-from cowrite.timeline.storage import Storage
+from cowrite.storage.backend import Storage
 
 BACKENDS = ["local", "memory", "s3"]
 

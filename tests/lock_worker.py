@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cowrite.timeline.config import Config
-from cowrite.timeline.heartbeat import Heartbeat, HeartbeatPolicy
-from cowrite.timeline.locks import LockHolder, TableLock, lock_for
-from cowrite.timeline.locks.filesystem import collect_garbage
-from cowrite.timeline.storage import Storage
+from cowrite.format.config import Config
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
+from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.locks.filesystem import collect_garbage
+from cowrite.storage.backend import Storage
 
 
 def _policy(spec: dict[str, Any]) -> HeartbeatPolicy:

@@ -11,12 +11,12 @@ from support import hudi_rs
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.format.instant import Action
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import Transaction
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import (
+from cowrite.errors import (
     CommitFailedError,
     CommitStateUnknownError,
     CorruptTimelineError,
@@ -18,13 +17,14 @@ from cowrite.timeline.errors import (
     SchemaError,
     TableNotFoundError,
 )
-from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import PROPERTIES_FILE, Table, _read_commit_metadata, format_properties
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.table import PROPERTIES_FILE, Table, _read_commit_metadata, format_properties
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import Storage
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 

@@ -25,19 +25,19 @@ from cowrite.cleaner.rollback import _finish, _start
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
-from cowrite.timeline import config as keys
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
-from cowrite.timeline.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
-from cowrite.timeline.instant import Action, State, from_millis
-from cowrite.timeline.locks.filesystem import ReleaseReason, _write_release, current_lock
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.contract import current_schema
-from cowrite.writer.local import LocalWriter, Operation
+from cowrite.engine.contract import current_schema
+from cowrite.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Action, State, from_millis
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter, Operation
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
+from cowrite.protocol.locks.filesystem import ReleaseReason, _write_release, current_lock
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ lives beside the package
 

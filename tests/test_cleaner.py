@@ -15,21 +15,21 @@ from support import hudi_rs
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _start
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import (
+from cowrite.errors import (
     BaseFileGoneError,
     LeaseLostError,
     TimeTravelCleanedError,
     WriteConflictError,
 )
-from cowrite.timeline.fs_view import list_base_files
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action, State
-from cowrite.timeline.liveness import pending_writers
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.instant import Action, State
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.liveness import pending_writers
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 POLICY = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
 

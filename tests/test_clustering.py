@@ -13,16 +13,16 @@ import pytest
 from support import hudi_rs
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
-from cowrite.timeline.errors import CommitFailedError, WriteConflictError
-from cowrite.timeline.fs_view import FileSystemView, list_base_files
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import InstantRange
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.clustering import execute_clustering, schedule_clustering
-from cowrite.writer.local import LocalWriter
+from cowrite.engine.clustering import execute_clustering, schedule_clustering
+from cowrite.errors import CommitFailedError, WriteConflictError
+from cowrite.format.fs_view import FileSystemView, list_base_files
+from cowrite.format.instant import Action
+from cowrite.format.table import Table
+from cowrite.format.timeline import InstantRange
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 
 def make_table(tmp_path: Path, strategy: str = "allow") -> Table:

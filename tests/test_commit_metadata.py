@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cowrite.timeline.commit_metadata import _SCHEMAS, CommitMetadata, WriteStat
-from cowrite.timeline.errors import CorruptTimelineError
-from cowrite.timeline.instant import Action
+from cowrite.errors import CorruptTimelineError
+from cowrite.format.commit_metadata import _SCHEMAS, CommitMetadata, WriteStat
+from cowrite.format.instant import Action
 
 SCHEMA = json.dumps({"type": "record", "name": "r", "fields": [{"name": "id", "type": ["null", "long"]}]})
 

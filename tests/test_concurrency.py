@@ -30,16 +30,16 @@ from kazoo.client import KazooClient
 from support import writer_process
 from support.servers import S3Server, ZooKeeperServer
 
-from cowrite.timeline import config as keys
-from cowrite.timeline.heartbeat import HEARTBEAT_DIR, heartbeat_age, heartbeat_path
-from cowrite.timeline.instant import State
-from cowrite.timeline.locks.filesystem import LOCK_DIR, current_lock, read_release
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR, Timeline
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.read import snapshot
+from cowrite.format import config as keys
+from cowrite.format.instant import State
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.local.read import snapshot
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR, heartbeat_age, heartbeat_path
+from cowrite.protocol.locks.filesystem import LOCK_DIR, current_lock, read_release
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.storage.backend import Storage
 
 pytestmark = pytest.mark.slow
 

@@ -24,18 +24,18 @@ from support import hudi_rs
 from support.hudi_rs import Row, rows
 from support.servers import S3Server
 
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.fs_view import FileSystemView
-from cowrite.timeline.instant import Action
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import InstantRange
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.file_group import FileGroupWrite, read_base_file, write_file_group
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.planning import new_file_id
-from cowrite.writer.records import PARTITION_PATH, RECORD_KEY
-from cowrite.writer.schema import avro_schema
+from cowrite.engine.file_group import FileGroupWrite, read_base_file, write_file_group
+from cowrite.engine.planning import new_file_id
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.engine.schema import avro_schema
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.fs_view import FileSystemView
+from cowrite.format.instant import Action
+from cowrite.format.table import Table
+from cowrite.format.timeline import InstantRange
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 

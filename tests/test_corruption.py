@@ -19,11 +19,11 @@ import pytest
 from support import hudi_rs
 from support.servers import S3Server
 
-from cowrite.timeline.errors import CorruptTimelineError
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.table import Table, _read_commit_metadata
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import CorruptTimelineError
+from cowrite.format.instant import Instant
+from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
 
 
 def _rows(ids: list[int], part: str) -> pa.Table:

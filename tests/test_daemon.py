@@ -53,16 +53,16 @@ from cowrite.daemon.config import TOKEN_VARIABLE, DaemonConfig, TableEntry
 from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import TableStateCollector, TableStatus
 from cowrite.daemon.service import Daemon
-from cowrite.timeline import config as keys
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.errors import ConfigError, WriteConflictError
-from cowrite.timeline.heartbeat import Heartbeat, heartbeat_path
-from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.timeline.liveness import PendingInstant
-from cowrite.timeline.locks import LockHolder
-from cowrite.timeline.locks.filesystem import LOCK_DIR, FileSystemLock, current_lock
-from cowrite.timeline.table import PROPERTIES_FILE, Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
+from cowrite.errors import ConfigError, WriteConflictError
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.table import PROPERTIES_FILE, Table
+from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
+from cowrite.protocol.liveness import PendingInstant
+from cowrite.protocol.locks import LockHolder
+from cowrite.protocol.locks.filesystem import LOCK_DIR, FileSystemLock, current_lock
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 LOCK_WORKER = Path(__file__).resolve().parent / "lock_worker.py"
 

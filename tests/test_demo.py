@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cowrite.timeline.instant import Action, State
-from cowrite.timeline.table import Table
+from cowrite.format.instant import Action, State
+from cowrite.format.table import Table
 
 
 @pytest.mark.slow

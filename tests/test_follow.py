@@ -16,14 +16,14 @@ import pytest
 
 from cowrite.cleaner import rollback_failed, service_lock
 from cowrite.daemon.follow import TimelineFollower
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.storage import LocalStorage
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer.local import LocalWriter
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Instant
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import LocalStorage
 
 WAIT = 20.0  # bound of any wait for events; a healthy run needs milliseconds
 

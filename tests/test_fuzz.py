@@ -29,24 +29,24 @@ from prometheus_client import CollectorRegistry
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.service import Daemon
-from cowrite.timeline import config as keys
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.errors import (
+from cowrite.errors import (
     CorruptTimelineError,
     InvalidTablePropertiesError,
     TableNotFoundError,
 )
-from cowrite.timeline.heartbeat import abort_reason, heartbeat_path
-from cowrite.timeline.instant import Action, Instant, InvalidInstantError, State, from_millis, to_millis
-from cowrite.timeline.locks import LockHolder
-from cowrite.timeline.locks.filesystem import acquired_path
-from cowrite.timeline.overlay import CommitEntry, Overlay
-from cowrite.timeline.service_metadata import CleanPlan, RollbackPlan, RollbackResult
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import PROPERTIES_FILE, Table, parse_properties
-from cowrite.timeline.timeline import TIMELINE_DIR, Timeline
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer.local import LocalWriter
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State, from_millis, to_millis
+from cowrite.format.overlay import CommitEntry, Overlay
+from cowrite.format.service_metadata import CleanPlan, RollbackPlan, RollbackResult
+from cowrite.format.table import PROPERTIES_FILE, Table, parse_properties
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import abort_reason, heartbeat_path
+from cowrite.protocol.locks import LockHolder
+from cowrite.protocol.locks.filesystem import acquired_path
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import Storage
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SLOW_FUZZ = settings(

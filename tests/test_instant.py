@@ -8,8 +8,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cowrite.timeline.errors import CowriteError
-from cowrite.timeline.instant import (
+from cowrite.errors import CowriteError
+from cowrite.format.instant import (
     Action,
     Instant,
     InvalidInstantError,

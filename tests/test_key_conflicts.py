@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import hudi_rs
 
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.conflict import inserted_keys
-from cowrite.timeline.key_summary import EXACT_LIMIT, INSERTED_KEYS, KeySummary
-from cowrite.timeline.table import Table
-from cowrite.writer import read
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.protocol.conflict import inserted_keys
+from cowrite.protocol.key_summary import EXACT_LIMIT, INSERTED_KEYS, KeySummary
 
 WRITERS = 8
 CONFLICT = 3  # `cowrite write`'s exit code for a write conflict

@@ -27,13 +27,13 @@ import pytest
 from kazoo.client import KazooClient
 from support.servers import ZooKeeperServer
 
-from cowrite.timeline import config as keys
-from cowrite.timeline.config import Config
-from cowrite.timeline.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
-from cowrite.timeline.heartbeat import HeartbeatPolicy, heartbeat_path
-from cowrite.timeline.locks import InProcessLock, LockHolder, TableLock, lock_for
-from cowrite.timeline.locks.factory import zookeeper_hosts
-from cowrite.timeline.locks.filesystem import (
+from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.format import config as keys
+from cowrite.format.config import Config
+from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_path
+from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, lock_for
+from cowrite.protocol.locks.factory import zookeeper_hosts
+from cowrite.protocol.locks.filesystem import (
     LOCK_DIR,
     FileSystemLock,
     acquired_path,
@@ -43,9 +43,9 @@ from cowrite.timeline.locks.filesystem import (
     read_release,
     released_path,
 )
-from cowrite.timeline.locks.zookeeper import ZooKeeperLock
-from cowrite.timeline.retry import RetryPolicy
-from cowrite.timeline.storage import Storage
+from cowrite.protocol.locks.zookeeper import ZooKeeperLock
+from cowrite.protocol.retry import RetryPolicy
+from cowrite.storage.backend import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(lock_worker.__file__)
@@ -317,7 +317,7 @@ def test_a_stale_holder_is_expired_and_learns_it(
     with pytest.raises(LeaseLostError, match="expired by contender"):
         old.check_held()
 
-    with caplog.at_level(logging.WARNING, logger="cowrite.timeline.locks.filesystem"):
+    with caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"):
         old.release()
     assert "already released" in caplog.text
     assert not old.is_held
@@ -483,7 +483,7 @@ def test_a_corrupt_lock_payload_does_not_wedge_acquire(
 
     clock = Clock()
     contender = fs_lock(storage, LockHolder(owner="contender"), now=clock)
-    with caplog.at_level(logging.WARNING, logger="cowrite.timeline.locks.filesystem"):
+    with caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"):
         with pytest.raises(LockTimeoutError, match="unreadable"):
             contender.acquire(timeout=0.05)  # fresh: treated as a holder without an instant
     assert "lock1.acquired" in caplog.text
@@ -626,7 +626,7 @@ def test_zookeeper_hosts_take_the_default_port_where_missing() -> None:
 
 
 def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "cowrite.timeline.locks.zookeeper", None)
+    monkeypatch.setitem(sys.modules, "cowrite.protocol.locks.zookeeper", None)
     config = Config({keys.LOCK_PROVIDER.key: "zookeeper", keys.ZK_URL.key: "zk1"})
     with pytest.raises(ConfigError, match=r"pip install cowrite\[zookeeper\]"):
         lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")

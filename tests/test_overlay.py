@@ -2,7 +2,7 @@
 
 Writers here commit out of requested-time order: a slow writer begins first, writes its files at once, and
 commits only when the test releases it, after writers that began later. Consumers pull in the three modes of
-:func:`cowrite.writer.read.pull` — by completion time from the timeline, through the daemon's END_COMMIT_TIME
+:func:`cowrite.local.read.pull` — by completion time from the timeline, through the daemon's END_COMMIT_TIME
 overlay, and by requested time fenced by the oldest pending write — at every point of the schedule. Each
 pull must return exactly the rows its commits wrote (copied rows keep their older commit time and are not
 returned again), no commit may be returned twice, and the union of all pulls must equal the snapshot.
@@ -27,14 +27,14 @@ from support.daemon import WAIT, wait_until
 
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.service import Daemon
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.overlay import OVERLAY_PATH, Overlay
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import Timeline
-from cowrite.timeline.transaction import Transaction
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.read import PullMode
+from cowrite.format.instant import Instant
+from cowrite.format.overlay import OVERLAY_PATH, Overlay
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.local import read
+from cowrite.local.read import PullMode
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.transaction import Transaction
 
 MODES = list(PullMode)
 

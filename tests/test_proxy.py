@@ -14,9 +14,9 @@ import pyarrow as pa
 from support import hudi_rs
 from support.servers import S3Server
 
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.writer.local import LocalWriter
+from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
+from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy import DelayingProxy  # noqa: E402

@@ -21,11 +21,11 @@ import pytest
 from support import hudi_rs
 from support.servers import S3Server
 
-from cowrite.timeline.errors import SchemaError
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import SchemaError
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.storage.backend import Storage
 
 UTC = dt.UTC
 FIRST = pa.table(

@@ -33,20 +33,20 @@ from prometheus_client import CollectorRegistry
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.service import Daemon
-from cowrite.timeline import config as keys
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.errors import StorageError
-from cowrite.timeline.fs_view import list_base_files
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.timeline.overlay import OVERLAY_PATH, CommitEntry, Overlay
-from cowrite.timeline.service_metadata import CleanPlan, RollbackPlan
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import StorageError
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.overlay import OVERLAY_PATH, CommitEntry, Overlay
+from cowrite.format.service_metadata import CleanPlan, RollbackPlan
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import Storage
 
 SOURCE = Path(__file__).resolve().parents[1] / "cowrite"
 SETTINGS = {
@@ -316,7 +316,7 @@ def test_forged_rollback_and_clean_plans_delete_nothing_outside_and_nothing_comm
 
 
 def read_latest(table: Table) -> list[Any]:
-    from cowrite.timeline.fs_view import FileSystemView
+    from cowrite.format.fs_view import FileSystemView
 
     return FileSystemView.build(table).latest_base_files()
 

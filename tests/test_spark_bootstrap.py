@@ -14,14 +14,14 @@ import pytest
 from support import hudi_rs
 
 from cowrite.cleaner import rollback_failed, service_lock
-from cowrite.timeline.errors import ConfigError
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action, State
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.spark.bootstrap import bootstrap, hive_partition_fields
+from cowrite.errors import ConfigError
+from cowrite.format.instant import Action, State
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.spark.bootstrap import bootstrap, hive_partition_fields
+from cowrite.storage.backend import Storage
 
 
 def dataset(root: Path) -> list[dict[str, object]]:
@@ -67,7 +67,7 @@ def test_a_failed_bootstrap_is_rolled_back_lazily(spark: Any, tmp_path: Path) ->
     dataset(tmp_path / "src")
     script = (
         "import sys, os, signal\n"
-        "from cowrite.timeline.transaction import Transaction\n"
+        "from cowrite.protocol.transaction import Transaction\n"
         "Transaction.commit = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
         "from cowrite.cli import main\n"
         "sys.argv = ['cowrite', 'bootstrap', *sys.argv[1:]]\n"

@@ -9,12 +9,12 @@ import pyarrow as pa
 from support import hudi_rs
 
 from cowrite.cleaner import service_lock
-from cowrite.timeline.fs_view import FileSystemView
-from cowrite.timeline.table import Table
-from cowrite.writer import read
-from cowrite.writer.clustering import execute_clustering, schedule_clustering
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.spark.clustering import map_on_spark
+from cowrite.engine.clustering import execute_clustering, schedule_clustering
+from cowrite.format.fs_view import FileSystemView
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.spark.clustering import map_on_spark
 
 
 def test_clustering_runs_its_rewrites_as_spark_tasks(spark: Any, tmp_path: Path) -> None:

@@ -22,10 +22,10 @@ import pytest
 from support import hudi_rs
 from support.hudi_rs import rows
 
-from cowrite.timeline.fs_view import list_base_files
-from cowrite.timeline.table import Table
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
 
 TESTS = Path(__file__).parent
 

@@ -12,16 +12,16 @@ from support import hudi_rs
 from support.hudi_rs import rows
 
 from cowrite.cleaner.rollback import rollback_failed
-from cowrite.timeline.errors import LeaseLostError
-from cowrite.timeline.fs_view import list_base_files
-from cowrite.timeline.heartbeat import HeartbeatPolicy, abort_reason, heartbeat_path
-from cowrite.timeline.locks import InProcessLock, LockHolder
-from cowrite.timeline.markers import MARKER_DIR, marked_files
-from cowrite.timeline.table import Table
-from cowrite.writer import read
-from cowrite.writer.spark import register
-from cowrite.writer.spark.datasource import CowriteWriter, _begin_write, _Settings
-from cowrite.writer.spark.tasks import stat_from_json
+from cowrite.errors import LeaseLostError
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.markers import MARKER_DIR, marked_files
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.protocol.heartbeat import HeartbeatPolicy, abort_reason, heartbeat_path
+from cowrite.protocol.locks import InProcessLock, LockHolder
+from cowrite.spark import register
+from cowrite.spark.datasource import CowriteWriter, _begin_write, _Settings
+from cowrite.spark.tasks import stat_from_json
 
 WRITE = {
     "hoodie.datasource.write.recordkey.field": "id",

@@ -12,13 +12,13 @@ from support import hudi_rs
 from support.hudi_rs import rows
 
 from cowrite.cleaner import clean, service_lock
-from cowrite.timeline.errors import BaseFileGoneError, CorruptTimelineError, TimeTravelCleanedError
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table, _read_commit_metadata
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.spark import incremental, plan_incremental, plan_snapshot, snapshot
+from cowrite.errors import BaseFileGoneError, CorruptTimelineError, TimeTravelCleanedError
+from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.spark import incremental, plan_incremental, plan_snapshot, snapshot
+from cowrite.storage.backend import Storage
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 

@@ -24,24 +24,24 @@ from support.hudi_rs import Row, rows
 from support.servers import S3Server
 
 from cowrite.cli import cli
-from cowrite.timeline.errors import LeaseLostError, SchemaError, StorageError, WriteConflictError
-from cowrite.timeline.fs_view import FileSystemView, list_base_files
-from cowrite.timeline.heartbeat import abort_reason
-from cowrite.timeline.instant import Action, Instant, State
-from cowrite.timeline.markers import MARKER_DIR
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer import read
-from cowrite.writer.file_group import read_base_file
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
-from cowrite.writer.records import PARTITION_PATH, RECORD_KEY
-from cowrite.writer.spark import SparkJobError, SparkWriter
-from cowrite.writer.spark import engine as engine_module
-from cowrite.writer.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
-from cowrite.writer.spark.errors import translate
-from cowrite.writer.spark.plan import route_keys, spark_hash
-from cowrite.writer.spark.tasks import BUCKET, POSITION, TASK, AssignBuckets, AttachRoutes, Segments
+from cowrite.engine.file_group import read_base_file
+from cowrite.engine.planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.errors import LeaseLostError, SchemaError, StorageError, WriteConflictError
+from cowrite.format.fs_view import FileSystemView, list_base_files
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.markers import MARKER_DIR
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import abort_reason
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.spark import SparkJobError, SparkWriter
+from cowrite.spark import engine as engine_module
+from cowrite.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
+from cowrite.spark.errors import translate
+from cowrite.spark.plan import route_keys, spark_hash
+from cowrite.spark.tasks import BUCKET, POSITION, TASK, AssignBuckets, AttachRoutes, Segments
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
@@ -435,8 +435,8 @@ def test_two_inserts_filling_one_small_file_group_at_once_conflict(
     nothing; retried, it fills what the winner left."""
     import threading
 
-    from cowrite.timeline.errors import WriteConflictError
-    from cowrite.timeline.transaction import Transaction
+    from cowrite.errors import WriteConflictError
+    from cowrite.protocol.transaction import Transaction
 
     table = create(str(tmp_path / "t"), partition_fields=["p"])
     first = frame((1, "a", 1, "a1"))
@@ -550,8 +550,8 @@ def test_files_of_failed_task_attempts_are_deleted_before_the_commit(spark: Any,
     strays = spark.sparkContext.accumulator(0)
 
     def as_a_failed_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from cowrite.writer.spark.append import NewFileGroups
-        from cowrite.writer.spark.tasks import TableSpec
+        from cowrite.spark.append import NewFileGroups
+        from cowrite.spark.tasks import TableSpec
 
         loaded = Table.load(uri)
         running = loaded.timeline().pending().last
@@ -827,8 +827,8 @@ def test_cli_write_with_the_spark_engine_matches_the_local_engine(spark: Any, tm
 def test_spark_writes_and_reads_a_table_on_s3(spark: Any, s3_server: S3Server, tmp_path: Path) -> None:
     import uuid
 
-    from cowrite.writer.spark import register
-    from cowrite.writer.spark import snapshot as spark_snapshot
+    from cowrite.spark import register
+    from cowrite.spark import snapshot as spark_snapshot
 
     options = s3_server.storage_options()
     uri = f"s3://{s3_server.bucket}/spark-{uuid.uuid4().hex}"

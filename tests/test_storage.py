@@ -1,4 +1,4 @@
-"""The storage contract (see ``cowrite.timeline.storage``), one body run against local, memory and S3."""
+"""The storage contract (see ``cowrite.storage.backend``), one body run against local, memory and S3."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from support.servers import S3Server
 
-from cowrite.timeline.errors import BaseFileGoneError, StorageError
-from cowrite.timeline.fs_view import BaseFile, list_base_files, open_base_file
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.watch import Listings, listings
+from cowrite.errors import BaseFileGoneError, StorageError
+from cowrite.format.fs_view import BaseFile, list_base_files, open_base_file
+from cowrite.format.table import Table
+from cowrite.storage.backend import Storage
+from cowrite.storage.inotify import Listings, listings
 
 RACERS = 8
 RACE_TIMEOUT = 60.0

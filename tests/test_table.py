@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from cowrite.timeline import config as keys
-from cowrite.timeline.errors import ConfigError, InvalidTablePropertiesError, StorageError, TableExistsError
-from cowrite.timeline.instant import Action, Instant, State
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import PROPERTIES_FILE, Table, format_properties, parse_properties
+from cowrite.errors import ConfigError, InvalidTablePropertiesError, StorageError, TableExistsError
+from cowrite.format import config as keys
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.table import PROPERTIES_FILE, Table, format_properties, parse_properties
+from cowrite.storage.backend import Storage
 
 
 def _unescape(text: str) -> str:

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from cowrite.timeline.instant import Action, Instant, InvalidInstantError, State
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.timeline import TIMELINE_DIR, InstantRange, Timeline
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State
+from cowrite.format.timeline import TIMELINE_DIR, InstantRange, Timeline
+from cowrite.storage.backend import Storage
 
 
 def requested(t: str, action: Action = Action.COMMIT) -> Instant:
@@ -141,7 +141,7 @@ def test_load_lists_instants_and_skips_stray_files(
         storage.write(f"{TIMELINE_DIR}/{name}", b"x")
     storage.write(f"{TIMELINE_DIR}/history/20250101000000000_20250101000000001.commit", b"archived")
     storage.write(".hoodie/20250101000000000.commit.requested", b"")  # outside the timeline directory
-    with caplog.at_level(logging.WARNING, logger="cowrite.timeline.timeline"):
+    with caplog.at_level(logging.WARNING, logger="cowrite.format.timeline"):
         loaded = Timeline.load(storage)
     assert list(loaded) == LATEST
     warned = caplog.text

@@ -9,17 +9,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cowrite.timeline.commit_metadata import CommitMetadata, WriteStat
-from cowrite.timeline.conflict import Candidate, file_group_overlap
-from cowrite.timeline.errors import LeaseLostError, StorageError, WriteConflictError
-from cowrite.timeline.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_path
-from cowrite.timeline.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import read
-from cowrite.writer.file_group import FileGroupWrite, write_file_group
-from cowrite.writer.local import LocalWriter
-from cowrite.writer.records import PARTITION_PATH, RECORD_KEY
+from cowrite.engine.file_group import FileGroupWrite, write_file_group
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.errors import LeaseLostError, StorageError, WriteConflictError
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.conflict import Candidate, file_group_overlap
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_path
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 
 def _stat(partition: str, file_id: str, instant: str = "20260101000000000") -> WriteStat:

@@ -14,14 +14,14 @@ import pytest
 from cowrite.cleaner import service_lock
 from cowrite.cleaner.archive import archive
 from cowrite.cleaner.rollback import _finish, _start
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import InstantGoneError
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.instant import Action, State
-from cowrite.timeline.table import Table, _read_commit_metadata
-from cowrite.timeline.timeline import ARCHIVE_DIR
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import InstantGoneError
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Action, State
+from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.format.timeline import ARCHIVE_DIR
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import Transaction, WriteOptions
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -14,15 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 from support.hudi_rs import Row, rows
 
-from cowrite.timeline.fs_view import BaseFile, FileSystemView, list_base_files
-from cowrite.timeline.instant import Action, Instant, State
-from cowrite.timeline.locks.filesystem import LOCK_DIR
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer import read
-from cowrite.writer.file_group import RecentFiles, read_base_file
-from cowrite.writer.local import LocalWriter
+from cowrite.engine.file_group import RecentFiles, read_base_file
+from cowrite.format.fs_view import BaseFile, FileSystemView, list_base_files
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.locks.filesystem import LOCK_DIR
+from cowrite.protocol.transaction import WriteOptions
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 

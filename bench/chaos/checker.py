@@ -21,18 +21,18 @@ import pyarrow as pa
 
 from cowrite.cleaner import rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR
-from cowrite.timeline.commit_metadata import CommitMetadata
-from cowrite.timeline.errors import CowriteError
-from cowrite.timeline.fs_view import BaseFile, list_base_files
-from cowrite.timeline.heartbeat import HEARTBEAT_DIR
-from cowrite.timeline.instant import Action, Instant, InvalidInstantError, State
-from cowrite.timeline.locks.filesystem import LOCK_DIR, current_lock, read_holder, read_release
-from cowrite.timeline.markers import MARKER_DIR
-from cowrite.timeline.service_metadata import RollbackPlan
-from cowrite.timeline.storage import FileInfo, Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.timeline import TIMELINE_DIR
-from cowrite.writer import read
+from cowrite.errors import CowriteError
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.fs_view import BaseFile, list_base_files
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State
+from cowrite.format.markers import MARKER_DIR
+from cowrite.format.service_metadata import RollbackPlan
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.local import read
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR
+from cowrite.protocol.locks.filesystem import LOCK_DIR, current_lock, read_holder, read_release
+from cowrite.storage.backend import FileInfo, Storage
 
 from .model import Model, Record
 from .plan import Row

@@ -13,11 +13,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from cowrite.timeline.errors import BaseFileGoneError, CheckpointArchivedError, CowriteError, StorageError
-from cowrite.timeline.fs_view import FileSystemView
-from cowrite.timeline.table import Table
-from cowrite.writer.file_group import read_base_file
-from cowrite.writer.read import PullMode, pull
+from cowrite.engine.file_group import read_base_file
+from cowrite.errors import BaseFileGoneError, CheckpointArchivedError, CowriteError, StorageError
+from cowrite.format.fs_view import FileSystemView
+from cowrite.format.table import Table
+from cowrite.local.read import PullMode, pull
 
 Pulled = tuple[str, str, int, str, str]  # id, part, ts, value, _hoodie_commit_time
 

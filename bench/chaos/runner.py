@@ -31,12 +31,12 @@ from cowrite.cleaner import archive, clean, rollback_failed, service_lock
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import Daemon, TableService
-from cowrite.timeline import config as keys
-from cowrite.timeline.errors import CowriteError
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import CowriteError
+from cowrite.format import config as keys
+from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.transaction import WriteOptions
 
 from .consumers import Consumer
 from .daemon_proc import config_from

@@ -35,15 +35,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from cowrite.timeline import config as keys
-from cowrite.timeline.errors import CowriteError, StorageError
-from cowrite.timeline.heartbeat import Heartbeat, heartbeat_path
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.storage import LocalStorage, MemoryStorage, S3Storage, Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import local
-from cowrite.writer.local import LocalWriter
+from cowrite.errors import CowriteError, StorageError
+from cowrite.format import config as keys
+from cowrite.format.instant import Instant
+from cowrite.format.table import Table
+from cowrite.local import writer as local
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
 
 
 class Events:

@@ -1,11 +1,11 @@
 """Table services that delete files: lazy rollback of failed writes and cleaning of old file versions."""
 
-from ..timeline.heartbeat import HeartbeatPolicy
-from ..timeline.locks import LockHolder, TableLock, lock_for
-from ..timeline.table import Table
-from .archive import Archived, archive
-from .clean import Cleaned, clean, plan_clean
-from .rollback import RolledBack, rollback_failed
+from cowrite.cleaner.archive import Archived, archive
+from cowrite.cleaner.clean import Cleaned, clean, plan_clean
+from cowrite.cleaner.rollback import RolledBack, rollback_failed
+from cowrite.format.table import Table
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 
 
 def service_lock(table: Table, owner: str = "") -> TableLock:

@@ -18,7 +18,7 @@ archived). So archival stops before:
   timeline, and must never repeat or go back.
 
 A consumer whose checkpoint is older than an archived commit can no longer pull it;
-:func:`cowrite.writer.read.pull` says so (:class:`~cowrite.timeline.errors.CheckpointArchivedError`).
+:func:`cowrite.local.read.pull` says so (:class:`~cowrite.errors.CheckpointArchivedError`).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import json
 import logging
 from dataclasses import dataclass
 
-from ..timeline import config as keys
-from ..timeline.fs_view import list_base_files
-from ..timeline.instant import Action, Instant, State
-from ..timeline.locks import TableLock
-from ..timeline.table import Table
-from ..timeline.timeline import ARCHIVE_DIR, TIMELINE_DIR, Timeline
+from cowrite.format import config as keys
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.table import Table
+from cowrite.format.timeline import ARCHIVE_DIR, TIMELINE_DIR, Timeline
+from cowrite.protocol.locks import TableLock
 
 log = logging.getLogger(__name__)
 

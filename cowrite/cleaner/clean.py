@@ -18,13 +18,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..timeline.fs_view import BaseFile, FileSystemView, list_base_files, replaced_file_groups
-from ..timeline.instant import Action, Instant, State
-from ..timeline.locks import TableLock
-from ..timeline.service_metadata import CleanPlan, CleanResult
-from ..timeline.storage import FileInfo, stays_inside
-from ..timeline.table import Table
-from ..timeline.timeline import Timeline
+from cowrite.format.fs_view import BaseFile, FileSystemView, list_base_files, replaced_file_groups
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.service_metadata import CleanPlan, CleanResult
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.protocol.locks import TableLock
+from cowrite.storage.backend import FileInfo, stays_inside
 
 log = logging.getLogger(__name__)
 

@@ -20,19 +20,19 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..timeline.commit_metadata import CommitMetadata
-from ..timeline.errors import CorruptTimelineError
-from ..timeline.fs_view import BaseFile
-from ..timeline.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
-from ..timeline.instant import Action, Instant, State
-from ..timeline.liveness import judge, pending_writers
-from ..timeline.locks import TableLock
-from ..timeline.markers import delete_markers, marked_files
-from ..timeline.service_metadata import RollbackPlan, RollbackResult
-from ..timeline.storage import FileInfo, stays_inside
-from ..timeline.table import Table
-from ..timeline.timeline import Timeline
-from ..timeline.transaction import own_files
+from cowrite.errors import CorruptTimelineError
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.fs_view import BaseFile
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.markers import delete_markers, marked_files
+from cowrite.format.service_metadata import RollbackPlan, RollbackResult
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
+from cowrite.protocol.liveness import judge, pending_writers
+from cowrite.protocol.locks import TableLock
+from cowrite.protocol.transaction import own_files
+from cowrite.storage.backend import FileInfo, stays_inside
 
 log = logging.getLogger(__name__)
 

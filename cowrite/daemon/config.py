@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..timeline.errors import ConfigError
+from cowrite.errors import ConfigError
 
 TOKEN_VARIABLE = "COWRITE_DAEMON_TOKEN"
 

@@ -2,7 +2,7 @@
 
 Each poll compares the timeline directory's names with those of the last poll and parses only the new
 ones. On local disk the storage keeps that listing current from the kernel's change events
-(:meth:`~cowrite.timeline.storage.Storage.watched_names`): a poll with nothing new is one comparison of
+(:meth:`~cowrite.storage.backend.Storage.watched_names`): a poll with nothing new is one comparison of
 identity, and nothing is listed after the first look. Object stores have no events: one listing per
 poll. A rollback deletes the failed instant's files: deletions are followed too.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from ..timeline.instant import Instant, InvalidInstantError
-from ..timeline.table import Table
-from ..timeline.timeline import TIMELINE_DIR, Timeline
+from cowrite.format.instant import Instant, InvalidInstantError
+from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..timeline.errors import CowriteError
-from ..timeline.instant import check_time
-from ..timeline.locks.filesystem import current_lock
+from cowrite.errors import CowriteError
+from cowrite.format.instant import check_time
+from cowrite.protocol.locks.filesystem import current_lock
 
 if TYPE_CHECKING:
-    from .service import Daemon, TableService
+    from cowrite.daemon.service import Daemon, TableService
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..timeline.instant import to_millis
-from ..timeline.liveness import PendingInstant
+from cowrite.format.instant import to_millis
+from cowrite.protocol.liveness import PendingInstant
 
 
 @dataclass(frozen=True)

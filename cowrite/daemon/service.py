@@ -21,28 +21,28 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from ..cleaner import archive, clean, rollback_failed, service_lock
-from ..cleaner.rollback import collect_heartbeats, planned_files
-from ..timeline import config as keys
-from ..timeline.errors import CorruptTimelineError, CowriteError, LockTimeoutError
-from ..timeline.heartbeat import HeartbeatPolicy
-from ..timeline.instant import Action
-from ..timeline.liveness import PendingInstant, pending_writers
-from ..timeline.locks import TableLock
-from ..timeline.locks.factory import FILESYSTEM, provider_name
-from ..timeline.locks.filesystem import (
+from cowrite.cleaner import archive, clean, rollback_failed, service_lock
+from cowrite.cleaner.rollback import collect_heartbeats, planned_files
+from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.follow import TimelineFollower
+from cowrite.daemon.metrics import DaemonMetrics, TableStatus
+from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
+from cowrite.format import config as keys
+from cowrite.format.instant import Action
+from cowrite.format.overlay import Overlay
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.liveness import PendingInstant, pending_writers
+from cowrite.protocol.locks import TableLock
+from cowrite.protocol.locks.factory import FILESYSTEM, provider_name
+from cowrite.protocol.locks.filesystem import (
     LOCK_DIR,
     collect_garbage,
     expire_stale_lock,
     read_holder,
     read_release,
 )
-from ..timeline.overlay import Overlay
-from ..timeline.table import Table
-from ..timeline.timeline import Timeline
-from .config import DaemonConfig, TableEntry
-from .follow import TimelineFollower
-from .metrics import DaemonMetrics, TableStatus
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class Daemon:
             )
         self.scheduler.start()
         if serve_http:
-            from .http import serve
+            from cowrite.daemon.http import serve
 
             self.http = serve(self, self.config.host, self.config.port)
         log.info("serving %d tables", len(self.services))

@@ -1,1 +1,2 @@
-"""timeline"""
+"""Import paths of earlier releases (``cowrite.timeline.table``, ``cowrite.timeline.errors``); new code
+imports :mod:`cowrite`."""

@@ -1,1 +1,2 @@
-"""writer"""
+"""Import paths of earlier releases (``cowrite.writer.local``, ``.read``, ``.clustering``, ``.spark``); new
+code imports :mod:`cowrite` and :mod:`cowrite.spark`."""

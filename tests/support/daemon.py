@@ -26,15 +26,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.service import Daemon
-from cowrite.timeline import config as keys
-from cowrite.timeline.fs_view import list_base_files
-from cowrite.timeline.heartbeat import HeartbeatPolicy
-from cowrite.timeline.locks.filesystem import read_release
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import WriteOptions
-from cowrite.writer import read
-from cowrite.writer.local import LocalWriter
+from cowrite.format import config as keys
+from cowrite.format.fs_view import list_base_files
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.locks.filesystem import read_release
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.storage.backend import Storage
 
 from . import hudi_rs, writer_process
 

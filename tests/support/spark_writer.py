@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from cowrite.cli import cli
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.transaction import Transaction
+from cowrite.format.instant import Instant
+from cowrite.protocol.transaction import Transaction
 
 
 def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, timeout: float) -> None:

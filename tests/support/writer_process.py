@@ -2,7 +2,7 @@
 
 Run it from ``tests/`` as ``python -m support.writer_process URI --batch JSON [options]`` or directly as
 ``python tests/support/writer_process.py ...``. It writes the batch with
-:class:`~cowrite.writer.local.LocalWriter` (one instant per round) and exits with the code of the CLI:
+:class:`~cowrite.local.writer.LocalWriter` (one instant per round) and exits with the code of the CLI:
 0 committed, 1 other error, 2 usage, 3 write conflict, 4 lock timeout, 5 lease lost, 6 commit state unknown,
 and 9 when a pause ran out of time (the test that should have killed or released it is gone).
 
@@ -26,7 +26,7 @@ published     the completed instant exists, the lock is still held (return of Tr
 ============  ====================================================================================
 
 ``--fail-at lock-rescan`` injects a storage failure instead of a pause: the listing a filesystem lock makes
-right after creating its ``lock<id>.acquired`` raises :class:`~cowrite.timeline.errors.StorageError` (once).
+right after creating its ``lock<id>.acquired`` raises :class:`~cowrite.errors.StorageError` (once).
 
 ``--tries-file PATH --tries N`` touches PATH once this process has tried to take the filesystem lock N times
 (so a test can wait for a long wait to have happened, instead of sleeping).
@@ -55,8 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cowrite.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_LEASE_LOST, EXIT_LOCK_TIMEOUT, EXIT_UNKNOWN
-from cowrite.timeline import config as keys
-from cowrite.timeline.errors import (
+from cowrite.errors import (
     CommitStateUnknownError,
     CowriteError,
     LeaseLostError,
@@ -64,13 +63,14 @@ from cowrite.timeline.errors import (
     StorageError,
     WriteConflictError,
 )
-from cowrite.timeline.instant import Instant
-from cowrite.timeline.locks import filesystem
-from cowrite.timeline.storage import Storage
-from cowrite.timeline.table import Table
-from cowrite.timeline.transaction import Transaction, WriteOptions
-from cowrite.writer import local
-from cowrite.writer.local import LocalWriter
+from cowrite.format import config as keys
+from cowrite.format.instant import Instant
+from cowrite.format.table import Table
+from cowrite.local import writer as local
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.locks import filesystem
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.storage.backend import Storage
 
 STEPS = ("claimed", "requested", "mid-write", "written", "locked", "published")
 FAILURES = ("lock-rescan",)

@@ -1,30 +1,7 @@
-"""The PySpark engine: Spark DataFrames in and out of cowrite tables, and the ``cowrite`` data source.
+"""Moved to :mod:`cowrite.spark`; this path, documented by earlier releases, keeps working."""
 
-- :class:`SparkWriter` writes a DataFrame as one instant (insert, bulk_insert, upsert, delete,
-  insert_overwrite): executors write the base files, the driver plans and commits (:mod:`.engine`).
-- :func:`snapshot` / :func:`incremental` read a table as a DataFrame, pruning partitions by filters
-  (:mod:`.reader`).
-- :func:`register` makes ``format("cowrite")`` available, with Hudi's option names (:mod:`.datasource`).
+import sys
 
-Spark is imported only inside this package; nothing in :mod:`cowrite.timeline` depends on it.
-"""
+import cowrite.spark as _moved
 
-from .datasource import CowriteDataSource, register
-from .engine import SparkOperation, SparkWriter, WriteMetrics
-from .errors import NondeterministicInputError, SparkJobError
-from .reader import Scan, incremental, plan_incremental, plan_snapshot, snapshot
-
-__all__ = [
-    "CowriteDataSource",
-    "NondeterministicInputError",
-    "Scan",
-    "SparkJobError",
-    "SparkOperation",
-    "SparkWriter",
-    "WriteMetrics",
-    "incremental",
-    "plan_incremental",
-    "plan_snapshot",
-    "register",
-    "snapshot",
-]
+sys.modules[__name__] = _moved

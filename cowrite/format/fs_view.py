@@ -1,0 +1,165 @@
+"""The file system view: which base file of each file group a reader sees as of an instant.
+
+Base files are named ``<fileId>_<writeToken>_<instantTime>.parquet``. A file group is every base file of
+one file id in one partition; its latest *visible* base file is the file slice readers use. Visibility
+follows Hudi's readers exactly (hudi-rs), since cowrite must agree with them:
+
+- a base file counts if its instant is a completed commit/replacecommit requested at or before ``as_of``,
+- or if its instant is older than the first instant on the timeline (its evidence was archived),
+- a file group replaced by a completed replacecommit (``partitionToReplaceFileIds``) is gone.
+
+So files of failed writes stay invisible only while the failed instant is on the timeline, or while the
+failed instant is younger than the first instant — the cleaner removes garbage before archival.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO
+
+from cowrite.errors import BaseFileGoneError, TimeTravelCleanedError
+from cowrite.format import config as keys
+from cowrite.format.instant import Action, Instant
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.storage.backend import FileInfo, Storage
+
+BASE_FILE_EXTENSION = ".parquet"
+_BASE_FILE = re.compile(r"(?P<file_id>[^_/]+)_(?P<token>[^_/]+)_(?P<time>\d{17})\.parquet")
+
+
+@dataclass(frozen=True)
+class BaseFile:
+    path: str  # relative to the table's base path
+    partition: str
+    file_id: str
+    write_token: str
+    instant_time: str
+    size: int = 0
+
+    @staticmethod
+    def file_name(file_id: str, write_token: str, instant_time: str) -> str:
+        return f"{file_id}_{write_token}_{instant_time}{BASE_FILE_EXTENSION}"
+
+    @classmethod
+    def parse(cls, info: FileInfo) -> BaseFile | None:
+        """The base file behind a listed file, or None for anything else."""
+        match = _BASE_FILE.fullmatch(info.name)
+        if match is None:
+            return None
+        partition = info.path[: -len(info.name)].rstrip("/")
+        return cls(info.path, partition, match["file_id"], match["token"], match["time"], info.size)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class FileGroup:
+    partition: str
+    file_id: str
+    slices: tuple[BaseFile, ...]  # visible base files, oldest first
+
+    @property
+    def latest(self) -> BaseFile:
+        return self.slices[-1]
+
+
+class FileSystemView:
+    """Visible file groups of a table as of an instant, built from one listing and one timeline."""
+
+    def __init__(self, groups: Iterable[FileGroup]) -> None:
+        self.groups = {(g.partition, g.file_id): g for g in groups}
+
+    @classmethod
+    def build(
+        cls,
+        table: Table,
+        timeline: Timeline | None = None,
+        as_of: str | None = None,
+        partitions: Iterable[str] | None = None,
+    ) -> FileSystemView:
+        timeline = table.verified(timeline if timeline is not None else table.timeline())
+        if as_of is not None:
+            check_time_travel(table, timeline, as_of)
+        commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]
+        visible_times = {i.requested_time for i in commits}
+        first = timeline.first.requested_time if timeline.first else None
+        replaced = replaced_file_groups(table, commits)
+
+        def visible(f: BaseFile) -> bool:
+            if as_of is not None and f.instant_time > as_of:
+                return False
+            return f.instant_time in visible_times or (first is not None and f.instant_time < first)
+
+        by_group: dict[tuple[str, str], list[BaseFile]] = {}
+        for base_file in list_base_files(table, partitions):
+            key = (base_file.partition, base_file.file_id)
+            if key not in replaced and visible(base_file):
+                by_group.setdefault(key, []).append(base_file)
+        return cls(
+            FileGroup(p, f, tuple(sorted(files, key=lambda b: b.instant_time)))
+            for (p, f), files in by_group.items()
+        )
+
+    def latest_base_files(self) -> list[BaseFile]:
+        return sorted((g.latest for g in self.groups.values()), key=lambda b: b.path)
+
+    def in_partition(self, partition: str) -> list[FileGroup]:
+        return [g for (p, _), g in sorted(self.groups.items()) if p == partition]
+
+    @property
+    def partitions(self) -> set[str]:
+        return {p for p, _ in self.groups}
+
+
+def check_time_travel(table: Table, timeline: Timeline, as_of: str) -> None:
+    """Raise :class:`TimeTravelCleanedError` if the last clean may have deleted file versions of ``as_of``.
+
+    Cleaning keeps the versions the commits from its earliest retained one on need; older snapshots may
+    have lost some of theirs, and reading them would silently miss those rows.
+    """
+    last_clean = timeline.filter(actions=[Action.CLEAN]).completed().last
+    if last_clean is None:
+        return
+    earliest = table.clean_plan(last_clean).earliest_retained
+    if as_of < earliest:
+        raise TimeTravelCleanedError(
+            f"cannot travel to {as_of} on table {table.name}: the cleaner has deleted file versions of "
+            f"commits before {earliest} (clean {last_clean.requested_time}); travel to {earliest} or "
+            f"later, or retain more commits ({keys.CLEANER_COMMITS_RETAINED.key})"
+        )
+
+
+@contextmanager
+def open_base_file(storage: Storage, path: str) -> Iterator[IO[bytes]]:
+    """Open a base file that a read or a write planned to use; :class:`BaseFileGoneError` if it was
+    deleted since (an object store may only tell on the first read)."""
+    try:
+        with storage.open_input(path) as stream:
+            yield stream
+    except FileNotFoundError:
+        raise BaseFileGoneError(storage.full_path(path)) from None
+
+
+def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:
+    """Every base file on storage (visible or not), optionally only in some partitions."""
+    if partitions is None:
+        listed = table.storage.walk_files("", skip=(".hoodie",))
+    else:
+        listed = [i for p in partitions for i in table.storage.list(p)]
+    return [b for b in (BaseFile.parse(i) for i in listed) if b is not None]
+
+
+def replaced_file_groups(table: Table, commits: Iterable[Instant]) -> set[tuple[str, str]]:
+    return {
+        (partition, file_id)
+        for instant in commits
+        if instant.action == "replacecommit"
+        for partition, file_ids in table.commit_metadata(instant).replaced_file_ids.items()
+        for file_id in file_ids
+    }

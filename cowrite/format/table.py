@@ -1,0 +1,364 @@
+"""A table's identity: where it lives, its ``hoodie.properties``, and reading its timeline.
+
+Layout under the base path (everything cowrite adds of its own stays under ``.hoodie/``, where readers
+ignore it):
+
+============================================  =====================================================
+``.hoodie/hoodie.properties``                 table configuration (java-properties)
+``.hoodie/timeline/``                         instants (Hudi timeline layout 2)
+``.hoodie/.heartbeat/<instant>``              a live writer's heartbeat
+``.hoodie/locks/lock<id>.acquired|released``  the filesystem table lock
+``<partition path>/<fileId>_<token>_<t>.parquet``  base files
+============================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from jproperties import Properties
+
+from cowrite.errors import (
+    ConfigError,
+    CowriteError,
+    InstantGoneError,
+    InvalidTablePropertiesError,
+    LeaseLostError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.config import Config
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.service_metadata import CleanPlan, RollbackPlan
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.storage.backend import Storage
+
+if TYPE_CHECKING:
+    from cowrite.protocol.locks import TableLock
+
+log = logging.getLogger(__name__)
+
+PROPERTIES_FILE = ".hoodie/hoodie.properties"
+TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
+SUPPORTED_VERSION = 8
+SUPPORTED_LAYOUT = 2
+
+
+def format_properties(values: Mapping[str, str]) -> bytes:
+    properties = Properties()
+    for name in sorted(values):
+        properties[name] = values[name]
+    out = io.BytesIO()
+    properties.store(out, encoding="utf-8", timestamp=False)
+    return out.getvalue()
+
+
+def parse_properties(data: bytes, path: str) -> dict[str, str]:
+    properties = Properties()
+    try:
+        properties.load(data, "utf-8")
+    except Exception as exc:  # jproperties raises several kinds on malformed input
+        raise InvalidTablePropertiesError(f"{path} is not a readable properties file: {exc}") from None
+    return {name: value.data for name, value in properties.items()}
+
+
+class Table:
+    """An existing table. Cheap to create; :meth:`timeline` lists the timeline each call."""
+
+    def __init__(self, storage: Storage, config: Config) -> None:
+        self.storage = storage
+        self.config = config
+
+    # -- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, uri: str, **storage_options: Any) -> Table:
+        return cls.open(Storage.for_uri(uri, **storage_options))
+
+    @classmethod
+    def open(cls, storage: Storage) -> Table:
+        path = storage.full_path(PROPERTIES_FILE)
+        try:
+            data = storage.read(PROPERTIES_FILE)
+        except FileNotFoundError:
+            raise TableNotFoundError(
+                f"{storage.uri} is not a cowrite/Hudi table: {path} does not exist. "
+                "Check the path, or create a table there with `cowrite init`"
+            ) from None
+        values = parse_properties(data, path)
+        strategy = values.get(keys.CONFLICT_STRATEGY.key)
+        if strategy is not None and strategy.strip() not in keys.BUILTIN_CONFLICT_STRATEGIES:
+            # A dotted path is imported and called by every writer: code chosen by whoever can write the
+            # table's files. Only a writer's own options may name one.
+            log.warning(
+                "ignoring %s=%s in %s: a custom conflict strategy is taken from write options only",
+                keys.CONFLICT_STRATEGY.key,
+                strategy,
+                path,
+            )
+            del values[keys.CONFLICT_STRATEGY.key]
+        table = cls(storage, Config(values))
+        table._validate(path)
+        return table
+
+    @classmethod
+    def create(
+        cls,
+        uri: str,
+        *,
+        name: str,
+        record_key_fields: Sequence[str],
+        partition_fields: Sequence[str] = (),
+        ordering_fields: Sequence[str] = (),
+        hive_style_partitioning: bool = False,
+        properties: Mapping[str, str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Table:
+        """Create a new empty table; raises :class:`TableExistsError` if one is there already."""
+        storage = Storage.for_uri(uri, **dict(storage_options or {}))
+        if not record_key_fields:
+            raise ConfigError("a table needs at least one record key field")
+        values = {
+            keys.TABLE_NAME.key: name,
+            keys.TABLE_TYPE.key: "COPY_ON_WRITE",
+            keys.TABLE_VERSION.key: str(SUPPORTED_VERSION),
+            keys.TIMELINE_LAYOUT_VERSION.key: str(SUPPORTED_LAYOUT),
+            keys.RECORD_KEY_FIELDS.key: ",".join(record_key_fields),
+            keys.PARTITION_FIELDS.key: ",".join(partition_fields),
+            keys.HIVE_STYLE_PARTITIONING.key: str(hive_style_partitioning).lower(),
+            keys.BASE_FILE_FORMAT.key: keys.BASE_FILE_FORMAT.default,
+            keys.POPULATE_META_FIELDS.key: "true",
+            keys.METADATA_ENABLE.key: "false",
+            keys.TIMELINE_TIMEZONE.key: "UTC",
+            keys.KEY_GENERATOR_CLASS.key: keys.KEY_GENERATOR_CLASS.default,
+            **({keys.ORDERING_FIELDS.key: ",".join(ordering_fields)} if ordering_fields else {}),
+            **({keys.PRECOMBINE_FIELD.key: ordering_fields[0]} if ordering_fields else {}),
+            **dict(properties or {}),
+        }
+        table = cls(storage, Config(values))
+        table._validate(storage.full_path(PROPERTIES_FILE))
+        if not storage.create_if_absent(PROPERTIES_FILE, format_properties(values)):
+            raise TableExistsError(f"a table already exists at {storage.uri}; choose another path")
+        return table
+
+    def _validate(self, path: str) -> None:
+        try:
+            if not self.config.get(keys.TABLE_NAME):
+                raise InvalidTablePropertiesError(f"{path} has no {keys.TABLE_NAME.key}")
+            if self.config.get(keys.TABLE_TYPE) != "COPY_ON_WRITE":
+                raise InvalidTablePropertiesError(
+                    f"{path}: table type {self.config.get(keys.TABLE_TYPE)} is not supported; "
+                    "cowrite serves COPY_ON_WRITE tables"
+                )
+            version = self.config.require(keys.TABLE_VERSION)
+            layout = self.config.get(keys.TIMELINE_LAYOUT_VERSION)
+            if version != SUPPORTED_VERSION or layout != SUPPORTED_LAYOUT:
+                raise InvalidTablePropertiesError(
+                    f"{path}: table version {version} with timeline layout {layout} is not supported; "
+                    f"cowrite serves version {SUPPORTED_VERSION}, layout {SUPPORTED_LAYOUT} "
+                    "(upgrade the table with Hudi 1.x first)"
+                )
+            if not self.record_key_fields:
+                raise InvalidTablePropertiesError(f"{path} has no {keys.RECORD_KEY_FIELDS.key}")
+            for name in self.config.raw():  # a bad value fails now, not halfway through a write
+                if name in keys.REGISTRY:
+                    self.config.get(keys.REGISTRY[name])
+        except ConfigError as exc:
+            raise InvalidTablePropertiesError(f"{path}: {exc}") from None
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.get(keys.TABLE_NAME)
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    @property
+    def record_key_fields(self) -> tuple[str, ...]:
+        return self.config.get(keys.RECORD_KEY_FIELDS)
+
+    @property
+    def partition_fields(self) -> tuple[str, ...]:
+        return self.config.get(keys.PARTITION_FIELDS)
+
+    @property
+    def ordering_fields(self) -> tuple[str, ...]:
+        fields = self.config.get(keys.ORDERING_FIELDS)
+        precombine = self.config.get(keys.PRECOMBINE_FIELD)
+        return fields or ((precombine,) if precombine else ())
+
+    @property
+    def hive_style_partitioning(self) -> bool:
+        return self.config.get(keys.HIVE_STYLE_PARTITIONING)
+
+    # -- timeline --------------------------------------------------------------------------------
+    def timeline(self) -> Timeline:
+        return Timeline.load(self.storage)
+
+    def instant_path(self, instant: Instant) -> str:
+        return f"{TIMELINE_DIR}/{instant.file_name}"
+
+    def commit_metadata(self, instant: Instant) -> CommitMetadata:
+        """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
+        return _read_commit_metadata(self.storage, self.instant_path(instant))
+
+    def verified(self, timeline: Timeline) -> Timeline:
+        """``timeline``, once every completed commit and replacecommit on it has been parsed.
+
+        A read never skips a commit it cannot parse — its records would be silently missing —: a corrupt
+        one raises :class:`CorruptTimelineError` naming the file and what to do. Each file is parsed once
+        per process (completed files never change), so this costs a read only for new commits.
+        """
+        for instant in timeline.data_commits():
+            self.commit_metadata(instant)
+        return timeline
+
+    def claim_instant(
+        self,
+        timeline: Timeline,
+        action: Action,
+        now_millis: int,
+        plan: bytes | Callable[[str], bytes] = b"",
+        *,
+        lock: TableLock,
+    ) -> Instant:
+        """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
+
+        Test-and-set: the file is created only if absent, so two claimants never share a time; taking
+        the time after the timeline's newest instant keeps times unique and ordered whatever the
+        claimants' clocks. Both rest on ``lock``, the table lock the caller holds (``timeline`` was
+        loaded under it): a claimant paused past the lock's lease may have picked, from a stale timeline,
+        a time someone else has since claimed for another action (another file name). So the lock is
+        checked before and after the claim, and a claim made without it is withdrawn: it raises
+        :class:`LeaseLostError`, and nothing of it stays (lock expiry is final, so a lock still held
+        after the claim was held throughout).
+        """
+        newest = timeline.last.requested_time if timeline.last else None  # the timeline is in time order
+        millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
+        lock.check_held()
+        while True:
+            instant = Instant(from_millis(millis), action, State.REQUESTED)
+            content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
+            if self.storage.create_if_absent(self.instant_path(instant), content):
+                break
+            millis += 1
+        try:
+            lock.check_held()
+        except LeaseLostError:
+            try:
+                self.storage.delete(self.instant_path(instant))
+            except CowriteError as exc:  # nothing was written under it: a rollback removes it later
+                log.warning("could not withdraw %s, claimed without the lock: %s", instant, exc)
+            raise
+        return instant
+
+    @staticmethod
+    def completion_time(timeline: Timeline, requested_time: str, now_millis: int) -> str:
+        """A completion time after the instant's own request and every earlier completion."""
+        latest = timeline.latest_completion_time
+        floor = max(to_millis(requested_time), to_millis(latest) if latest else 0)
+        return from_millis(max(now_millis, floor + 1))
+
+    def seen_by_every_pending(self, timeline: Timeline) -> frozenset[str]:
+        """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
+
+        A pending writer's view and conflict check were built on the timeline of its claim; an instant
+        completed later is news to it. Both files are created under the table lock, so the storage's
+        modification times order them (one clock for everybody; a tie counts as unseen).
+        """
+        completed = [i for i in timeline if i.is_completed]
+        pending = list(timeline.pending())
+        if not pending:
+            return frozenset(i.requested_time for i in completed)
+        modified = {info.name: info.modified for info in self.storage.list(TIMELINE_DIR)}
+        oldest_claim = min(
+            modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
+            for i in pending
+        )
+        return frozenset(
+            i.requested_time for i in completed if modified.get(i.file_name, float("inf")) < oldest_claim
+        )
+
+    def clean_plan(self, clean: Instant) -> CleanPlan:
+        """The plan a clean instant recorded in its ``.requested`` file."""
+        path = self.instant_path(Instant(clean.requested_time, Action.CLEAN, State.REQUESTED))
+        return _read_clean_plan(self.storage, path)
+
+    def rollback_plan(self, rollback: Instant) -> RollbackPlan:
+        """The plan a rollback instant recorded in its ``.requested`` file."""
+        path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
+        return _read_rollback_plan(self.storage, path)
+
+    def is_clustering(self, instant: Instant) -> bool:
+        """Whether a completed instant is a clustering (a replacecommit of a table service)."""
+        return (
+            instant.is_completed
+            and instant.action is Action.REPLACE_COMMIT
+            and self.commit_metadata(instant).operation in TABLE_SERVICE_OPERATIONS
+        )
+
+    def pending_plan(self, instant: Instant) -> CommitMetadata | None:
+        """What a pending write plans to touch: its ``.inflight`` plan, else a service's requested plan."""
+        if instant.is_completed:
+            return None
+        inflight = Instant(instant.requested_time, instant.action, State.INFLIGHT)
+        try:
+            data = self.storage.read(self.instant_path(inflight))
+        except FileNotFoundError:
+            return self.service_plan(instant)
+        return (
+            CommitMetadata.from_bytes(data, self.storage.full_path(self.instant_path(inflight)))
+            if data
+            else None
+        )
+
+    def service_plan(self, instant: Instant) -> CommitMetadata | None:
+        """The plan of a pending table service (clustering), which counts as touching its file groups.
+
+        Table services publish their plan in ``<t>.replacecommit.requested``; writers leave their
+        ``.requested`` empty, so an empty file means "not a table service".
+        """
+        if instant.is_completed or instant.action is not Action.REPLACE_COMMIT:
+            return None
+        path = self.instant_path(Instant(instant.requested_time, instant.action, State.REQUESTED))
+        try:
+            data = self.storage.read(path)
+        except FileNotFoundError:
+            return None
+        if not data:
+            return None
+        plan = CommitMetadata.from_bytes(data, self.storage.full_path(path))
+        return plan if plan.operation in TABLE_SERVICE_OPERATIONS else None
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r} at {self.uri})"
+
+
+def _read_timeline_file(storage: Storage, path: str) -> bytes:
+    """A timeline file a listing showed; :class:`InstantGoneError` if it was removed since."""
+    try:
+        return storage.read(path)
+    except FileNotFoundError:
+        raise InstantGoneError(storage.full_path(path)) from None
+
+
+@lru_cache(maxsize=4096)
+def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
+    return CommitMetadata.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
+
+
+@lru_cache(maxsize=1024)
+def _read_clean_plan(storage: Storage, path: str) -> CleanPlan:
+    return CleanPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
+
+
+@lru_cache(maxsize=1024)
+def _read_rollback_plan(storage: Storage, path: str) -> RollbackPlan:
+    return RollbackPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))

@@ -1,0 +1,243 @@
+"""The timeline: an immutable snapshot of a table's instants, and the views readers and writers need.
+
+A loaded :class:`Timeline` holds one :class:`Instant` per requested time, in its latest state. Loading
+lists ``.hoodie/timeline/`` once; every view is computed from that snapshot, so a caller that needs to see
+newer instants loads again (writers do, under the lock, before they commit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property, lru_cache, partial
+from itertools import compress
+from operator import attrgetter, is_, itemgetter
+
+from cowrite.errors import CorruptTimelineError
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State, check_time
+from cowrite.storage.backend import Storage
+
+log = logging.getLogger(__name__)
+
+TIMELINE_DIR = ".hoodie/timeline"
+# Archival moves old instants' timeline files into JSON files here (see cowrite.cleaner.archive).
+ARCHIVE_DIR = ".hoodie/.cowrite/archive"
+
+
+@dataclass(frozen=True)
+class InstantRange:
+    """Times ``t`` with ``start < t <= end``; an open side is None."""
+
+    start: str | None = None
+    end: str | None = None
+
+    @classmethod
+    def all(cls) -> InstantRange:
+        return cls()
+
+    @classmethod
+    def since(cls, start: str) -> InstantRange:
+        """Strictly after ``start`` (a checkpoint already consumed)."""
+        return cls(check_time(start), None)
+
+    @classmethod
+    def until(cls, end: str) -> InstantRange:
+        return cls(None, check_time(end))
+
+    @classmethod
+    def within(cls, start: str | None, end: str | None) -> InstantRange:
+        return cls(start and check_time(start), end and check_time(end))
+
+    def __contains__(self, time: object) -> bool:
+        if not isinstance(time, str):
+            return False
+        return (self.start is None or time > self.start) and (self.end is None or time <= self.end)
+
+
+def _keep_latest(latest: dict[str, Instant], instant: Instant) -> None:
+    known = latest.get(instant.requested_time)
+    if known is None or instant.state > known.state:
+        latest[instant.requested_time] = instant
+
+
+def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
+    # One instant per time: sorting the times alone orders them, without comparing Instant objects.
+    if len(latest) < 2:
+        return tuple(latest.values())
+    return itemgetter(*sorted(latest))(latest)
+
+
+# Writers look at timelines of thousands of instants under the table lock: the views below iterate in C.
+_requested_time = attrgetter("requested_time")
+_completion_time = attrgetter("completion_time")
+_is_none = partial(is_, None)
+
+
+class Timeline:
+    """Instants of one table, ordered by requested time."""
+
+    def __init__(self, instants: Iterable[Instant]) -> None:
+        latest: dict[str, Instant] = {}
+        for instant in instants:
+            _keep_latest(latest, instant)
+        self._instants = _in_order(latest)
+
+    @classmethod
+    def _of_sorted(cls, instants: Iterable[Instant]) -> Timeline:
+        """A timeline of instants already unique and in order (a view of another timeline)."""
+        timeline = cls.__new__(cls)
+        timeline._instants = tuple(instants)
+        return timeline
+
+    @classmethod
+    def load(cls, storage: Storage) -> Timeline:
+        """List the timeline directory. Files that are not instants are skipped with a warning.
+
+        Writers load the timeline several times per commit, mostly under the table lock, and timeline
+        files are only ever added until a rollback or archival removes some: so only names the previous
+        load of the same storage did not see are parsed, and a removal starts afresh.
+        """
+        names = storage.watched_names(TIMELINE_DIR)
+        previous = _loads.get(storage)
+        if previous is not None and (previous.names is names or previous.names == names):
+            return previous.timeline
+        if previous is not None and previous.names <= names:
+            latest, new = dict(previous.latest), names - previous.names
+        else:
+            latest, new = {}, names
+        for name in new:
+            if name.endswith(".crc") or name == "history":  # history/: Hudi's LSM archive, a directory
+                continue
+            try:
+                _keep_latest(latest, Instant.parse(name))
+            except InvalidInstantError as exc:
+                log.warning("skipping %s/%s/%s: %s", storage.uri, TIMELINE_DIR, name, exc)
+        timeline = cls._of_sorted(_in_order(latest))
+        _loads[storage] = _Load(names, latest, timeline)
+        return timeline
+
+    # -- access ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Instant]:
+        return iter(self._instants)
+
+    def __len__(self) -> int:
+        return len(self._instants)
+
+    def __bool__(self) -> bool:
+        return bool(self._instants)
+
+    def __repr__(self) -> str:
+        return f"Timeline({', '.join(i.file_name for i in self._instants)})"
+
+    def get(self, requested_time: str) -> Instant | None:
+        return self._by_time.get(requested_time)
+
+    @cached_property
+    def _by_time(self) -> dict[str, Instant]:
+        return dict(zip(self._times, self._instants, strict=True))
+
+    @cached_property
+    def _times(self) -> tuple[str, ...]:
+        return tuple(map(_requested_time, self._instants))
+
+    @cached_property
+    def requested_times(self) -> frozenset[str]:
+        return frozenset(self._times)
+
+    @property
+    def first(self) -> Instant | None:
+        return self._instants[0] if self._instants else None
+
+    @property
+    def last(self) -> Instant | None:
+        """The instant with the newest requested time."""
+        return self._instants[-1] if self._instants else None
+
+    # -- views -----------------------------------------------------------------------------------
+    def filter(
+        self, *, actions: Iterable[Action] | None = None, states: Iterable[State] | None = None
+    ) -> Timeline:
+        wanted_actions = set(actions) if actions is not None else None
+        wanted_states = set(states) if states is not None else None
+        return Timeline._of_sorted(
+            i
+            for i in self._instants
+            if (wanted_actions is None or i.action in wanted_actions)
+            and (wanted_states is None or i.state in wanted_states)
+        )
+
+    def completed(self) -> Timeline:
+        return self.filter(states=[State.COMPLETED])
+
+    def pending(self) -> Timeline:
+        return self._pending
+
+    @cached_property
+    def _pending(self) -> Timeline:  # looked at under the table lock on every commit
+        pending = map(_is_none, map(_completion_time, self._instants))
+        return Timeline._of_sorted(compress(self._instants, pending))
+
+    def data_commits(self) -> Timeline:
+        """Completed instants that make base files visible (commit, replacecommit)."""
+        return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
+
+    def after(self, requested_time: str) -> Timeline:
+        """The instants requested after ``requested_time`` (found by bisection: often a few of many)."""
+        return Timeline._of_sorted(self._instants[bisect_right(self._times, requested_time) :])
+
+    def requested_in(self, window: InstantRange) -> Timeline:
+        return Timeline._of_sorted(i for i in self._instants if i.requested_time in window)
+
+    def completed_in(self, window: InstantRange) -> list[Instant]:
+        """Completed instants whose completion time is in ``window``, in completion order."""
+        return sorted(
+            (i for i in self._instants if i.is_completed and i.completion_time in window),
+            key=lambda i: i.completion_time or "",
+        )
+
+    def in_completion_order(self) -> list[Instant]:
+        return self.completed_in(InstantRange.all())
+
+    @cached_property
+    def latest_completion_time(self) -> str | None:
+        return max(filter(None, map(_completion_time, self._instants)), default=None)
+
+    def completed_since(self, seen: frozenset[str]) -> list[Instant]:
+        """Completed instants whose requested time is not in ``seen`` (identity, not clocks)."""
+        return [self._by_time[t] for t in sorted(self.completed_times - seen)]
+
+    @cached_property
+    def completed_times(self) -> frozenset[str]:
+        """Requested times of the completed instants."""
+        return frozenset(compress(self._times, map(_completion_time, self._instants)))
+
+
+@dataclass(frozen=True)
+class _Load:
+    """What the last :meth:`Timeline.load` of one storage listed, and the instants the names gave."""
+
+    names: frozenset[str]
+    latest: dict[str, Instant]  # requested time -> the instant in its latest state
+    timeline: Timeline
+
+
+_loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()
+
+
+def archived(storage: Storage) -> Timeline:
+    """The instants archival moved out of the active timeline (from the names of their files)."""
+    return Timeline(i for info in storage.list(ARCHIVE_DIR) for i in _archived_in(storage, info.path))
+
+
+@lru_cache(maxsize=1024)
+def _archived_in(storage: Storage, path: str) -> tuple[Instant, ...]:
+    # archive files are written once and never changed
+    try:
+        records = json.loads(storage.read(path))
+        return tuple(Instant.parse(record["file"]) for record in records)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CorruptTimelineError(storage.full_path(path), f"not an archive of instants ({exc})") from None

@@ -1,0 +1,1 @@
+"""The local engine: one process reads and writes with pyarrow, no Spark."""

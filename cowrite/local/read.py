@@ -1,0 +1,167 @@
+"""Readers as Arrow tables: snapshot, time travel and incremental.
+
+- :func:`snapshot` reads the latest visible base file of every file group (``as_of`` a requested instant
+  time for time travel: only commits requested at or before it count).
+- :func:`incremental` returns the records written by commits whose *completion* time lies in
+  ``(since, until]`` — the order in which commits became visible, which is what a consumer that
+  checkpoints must follow when several writers interleave. File groups come from the commits' write stats;
+  of each, the newest base file written in the range is read, keeping the rows those commits wrote.
+- :func:`pull` is that for a consumer: rows since a checkpoint plus the next checkpoint, by completion
+  time, through the daemon's END_COMMIT_TIME overlay, or fenced by the oldest pending write.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cowrite.engine.file_group import read_base_file
+from cowrite.engine.records import COMMIT_TIME, META_COLUMNS
+from cowrite.errors import CheckpointArchivedError, CowriteError
+from cowrite.format.fs_view import FileSystemView
+from cowrite.format.instant import check_time
+from cowrite.format.overlay import CommitEntry, Overlay, entries_of, newest_files
+from cowrite.format.table import Table
+from cowrite.format.timeline import InstantRange, archived
+
+
+def _concat(tables: Sequence[pa.Table]) -> pa.Table:
+    return pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+
+
+def _finish(table: pa.Table, with_meta: bool, columns: Sequence[str] | None) -> pa.Table:
+    if not with_meta:
+        table = table.drop_columns([c for c in META_COLUMNS if c in table.column_names])
+    if columns is not None:
+        table = table.select(list(columns))
+    return table
+
+
+def _read(table: Table, paths: Iterable[str]) -> list[pa.Table]:
+    return [read_base_file(table.storage, path) for path in paths]
+
+
+def snapshot(
+    table: Table,
+    as_of: str | None = None,
+    columns: Sequence[str] | None = None,
+    partitions: Iterable[str] | None = None,
+    with_meta: bool = False,
+) -> pa.Table:
+    """All visible records (as of a requested instant time, for time travel)."""
+    if as_of is not None:
+        check_time(as_of)
+    view = FileSystemView.build(table, as_of=as_of, partitions=partitions)
+    return _finish(_concat(_read(table, (b.path for b in view.latest_base_files()))), with_meta, columns)
+
+
+def incremental(
+    table: Table,
+    since: str | None = None,
+    until: str | None = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+) -> pa.Table:
+    """Records written by commits completed in ``(since, until]`` (completion times)."""
+    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
+    return _read_entries(table, entries_of(table, commits), columns, with_meta)
+
+
+def _read_entries(
+    table: Table, entries: Sequence[CommitEntry], columns: Sequence[str] | None, with_meta: bool
+) -> pa.Table:
+    """The rows ``entries`` wrote: of each file group, the newest file among them, filtered by commit."""
+    wanted = pa.array(sorted({e.requested_time for e in entries}), pa.string())
+    parts = [
+        part.filter(pc.is_in(part.column(COMMIT_TIME), value_set=wanted))
+        for part in _read(table, newest_files(entries))
+    ]
+    return _finish(_concat(parts), with_meta, columns)
+
+
+class PullMode(enum.Enum):
+    """How an incremental consumer checkpoints (RFC-22's options for incremental reads)."""
+
+    COMPLETION_TIME = "completion-time"  # option 3: checkpoint = completion time, read from the timeline
+    OVERLAY = "overlay"  # option 3 through the daemon's END_COMMIT_TIME overlay file
+    FENCE = "fence"  # option 2: checkpoint = requested time, never past the oldest pending write
+
+
+@dataclass(frozen=True)
+class Pull:
+    rows: pa.Table
+    checkpoint: str | None  # store it; pass it to the next pull
+    commits: tuple[str, ...]  # requested times of the commits read
+
+
+def pull(
+    table: Table, checkpoint: str | None, mode: PullMode = PullMode.COMPLETION_TIME, with_meta: bool = False
+) -> Pull:
+    """Everything committed since ``checkpoint``, and the checkpoint to store for the next pull.
+
+    Every committed record of every commit is returned by exactly one pull, however writers interleave.
+    A consumer that fell so far behind that commits after its checkpoint were archived gets
+    :class:`CheckpointArchivedError` instead of a pull that silently skips them.
+    """
+    if mode is PullMode.OVERLAY:
+        overlay = Overlay.load(table)
+        if overlay is None:
+            raise CowriteError(
+                f"{table.uri} has no END_COMMIT_TIME overlay yet; is `cowrite daemon` serving it?"
+            )
+        table.verified(table.timeline())
+        entries = overlay.since(checkpoint)
+        new_checkpoint = overlay.watermark if entries else checkpoint
+    elif mode is PullMode.COMPLETION_TIME:
+        # Two looks: a listing taken while commits land may show a later commit but not an earlier one;
+        # whatever had completed by the newest commit of the first look is certainly in the second.
+        watermark = table.timeline().latest_completion_time
+        timeline = table.verified(table.timeline())
+        window = InstantRange.within(checkpoint, watermark)
+        entries = entries_of(table, timeline.completed_in(window)) if watermark else []
+        new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
+    else:
+        # Two looks, as above: instants are claimed in time order, so every instant requested before the
+        # newest one of the first look (pending or not) is in the second.
+        cap = max(table.timeline().requested_times, default=None)
+        timeline = table.verified(table.timeline())
+        fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
+        ready = [
+            i
+            for i in timeline.data_commits()
+            if (checkpoint is None or i.requested_time > checkpoint)
+            and (fence is None or i.requested_time < fence)
+            and cap is not None
+            and i.requested_time <= cap
+        ]
+        entries = entries_of(table, ready)
+        new_checkpoint = max((e.requested_time for e in entries), default=checkpoint)
+    _refuse_if_archived(table, checkpoint, mode)
+    rows = _read_entries(table, entries, None, with_meta)
+    return Pull(rows, new_checkpoint, tuple(e.requested_time for e in entries))
+
+
+def _refuse_if_archived(table: Table, checkpoint: str | None, mode: PullMode) -> None:
+    """Raise if archival took away a commit this pull would have had to return.
+
+    Called after the timeline or overlay was read: a commit missing from what was read was archived by
+    then, so it is in the archive listed now.
+    """
+    by_completion = mode is not PullMode.FENCE
+    missed = sorted(
+        i.requested_time
+        for i in archived(table.storage).data_commits()
+        if checkpoint is None
+        or ((i.completion_time or "") if by_completion else i.requested_time) > checkpoint
+    )
+    if missed:
+        shown = ", ".join(missed[:5]) + (f" (+{len(missed) - 5} more)" if len(missed) > 5 else "")
+        raise CheckpointArchivedError(
+            f"commits after checkpoint {checkpoint} of table {table.name} were archived before this consumer "
+            f"pulled them ({shown}): pulling on would skip them. Start over from a snapshot, or keep more "
+            "commits on the active timeline (hoodie.keep.min.commits / hoodie.keep.max.commits)"
+        )

@@ -1,0 +1,130 @@
+"""The lock interface every provider implements, and the in-process provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field, replace
+from types import TracebackType
+
+from cowrite.errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.protocol.retry import RetryPolicy
+
+
+def _new_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock, written into the lock's payload so operators and expiry can see it.
+
+    ``instant`` is the instant the holder works for; its heartbeat proves the holder alive. A holder
+    without an instant (taking a new instant time) is judged by the age of the lock itself.
+    """
+
+    owner: str = field(default_factory=_new_owner)
+    instant: str | None = None
+    waited_ms: int = 0  # how long the holder waited for the lock (what the daemon reports as lock waits)
+
+    def for_instant(self, instant: str) -> LockHolder:
+        return replace(self, instant=instant)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> LockHolder:
+        try:
+            payload = json.loads(data)
+            owner, instant, waited = payload["owner"], payload.get("instant"), payload.get("waited_ms", 0)
+            if not isinstance(owner, str) or not (instant is None or isinstance(instant, str)):
+                raise TypeError("owner and instant must be strings")
+            if not isinstance(waited, int):
+                raise TypeError("waited_ms must be an integer")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise CorruptTimelineError(path, f"not a lock payload ({exc})") from None
+        return cls(owner=owner, instant=instant, waited_ms=waited)
+
+
+class TableLock(ABC):
+    """A mutual-exclusion lock on one table, held by one :class:`LockHolder` at a time.
+
+    ``acquire`` raises :class:`LockTimeoutError` when ``timeout`` (seconds; None = the retry policy's
+    deadline) passes; ``release`` is safe to call twice and when not held; ``check_held`` raises
+    :class:`LeaseLostError` if the lock was lost while held.
+    """
+
+    def __init__(self, holder: LockHolder, retry: RetryPolicy | None = None) -> None:
+        self.holder = holder
+        self.retry = retry or RetryPolicy(deadline=60.0)
+
+    @abstractmethod
+    def acquire(self, timeout: float | None = None) -> None: ...
+
+    @abstractmethod
+    def release(self) -> None: ...
+
+    @abstractmethod
+    def check_held(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def is_held(self) -> bool: ...
+
+    def _policy(self, timeout: float | None) -> RetryPolicy:
+        return self.retry if timeout is None else replace(self.retry, deadline=timeout)
+
+    def __enter__(self) -> TableLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class InProcessLock(TableLock):
+    """A lock shared by the threads of one process, keyed by table URI."""
+
+    _registry_lock = threading.Lock()
+    _locks: dict[str, threading.Lock] = {}
+    _holders: dict[str, LockHolder] = {}  # who holds each key, for timeout errors
+
+    def __init__(self, key: str, holder: LockHolder, retry: RetryPolicy | None = None) -> None:
+        super().__init__(holder, retry)
+        with self._registry_lock:
+            self._lock = self._locks.setdefault(key, threading.Lock())
+        self.key = key
+        self._held = False
+
+    def acquire(self, timeout: float | None = None) -> None:
+        deadline = self._policy(timeout).deadline
+        if not self._lock.acquire(timeout=-1 if deadline is None else deadline):
+            holder = self._holders.get(self.key)
+            held_by = f"{holder.owner} (instant {holder.instant or 'none'})" if holder else "another thread"
+            raise LockTimeoutError(
+                f"in-process lock on {self.key} not acquired within {deadline} s: held by {held_by}. "
+                "Wait and retry; that thread releases it when its lock section ends"
+            )
+        self._holders[self.key] = self.holder
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._holders.pop(self.key, None)
+            self._lock.release()
+
+    def check_held(self) -> None:
+        if not self._held:
+            raise LeaseLostError(f"in-process lock on {self.key} is not held by {self.holder.owner}")
+
+    @property
+    def is_held(self) -> bool:
+        return self._held

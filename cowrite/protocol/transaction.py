@@ -1,0 +1,423 @@
+"""One writer's instant: begin, plan, write, commit — optimistic concurrency control (RFC-22).
+
+1. :meth:`Transaction.begin` takes the table lock, picks an instant time no instant on the timeline has
+   used (test-and-set: the ``.requested`` file is created only if absent), remembers which instants were
+   completed, starts the heartbeat and releases the lock.
+2. :meth:`Transaction.plan` publishes ``.inflight`` listing every base file the writer may create, so a
+   failed write can be rolled back without listing the table.
+3. The engine writes base files, calling :meth:`Transaction.check_alive` between files to fail fast.
+4. :meth:`Transaction.commit` takes the lock, reloads the timeline, and looks for conflicts among the
+   instants that completed since begin (by identity, not by clocks). Without conflict, and with the lease
+   still held by the safety margin, it publishes ``<t>_<completion>.<action>`` with a completion time
+   above every earlier one.
+
+A failure before the completed file is created leaves only invisible garbage (``.requested``/``.inflight``
+and unreferenced base files) for the lazy rollback. Errors say which of the two cases applies:
+:class:`~.errors.CommitFailedError` (not committed) or :class:`~.errors.CommitStateUnknownError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cowrite.errors import (
+    CommitFailedError,
+    CommitStateUnknownError,
+    CowriteError,
+    InstantGoneError,
+    LeaseLostError,
+    StorageError,
+    WriteConflictError,
+)
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.config import Config
+from cowrite.format.fs_view import BaseFile
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
+from cowrite.format.timeline import Timeline
+from cowrite.protocol.conflict import (
+    CHECKED,
+    Candidate,
+    ConflictStrategy,
+    record_key_overlap,
+    strategy_named,
+)
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
+from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.storage.backend import FileInfo, stays_inside
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WriteOptions:
+    """How one writer takes part in concurrency control; defaults come from the config registry."""
+
+    config: Config = field(default_factory=Config)
+    clock: Callable[[], float] = time.time  # wall clock for instant times; injectable to test skew
+    lock: TableLock | None = None  # a ready lock, else one is made from the config
+    conflict_strategy: ConflictStrategy | None = None
+
+    @property
+    def heartbeat_policy(self) -> HeartbeatPolicy:
+        return HeartbeatPolicy.from_config(self.config)
+
+
+def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
+    """Run ``write`` (one whole write, which begins its own instant) and run it again after a write
+    conflict, up to ``hoodie.write.num.retries.on.conflict.failures`` times: a retry is a new instant."""
+    retries = config.get(keys.RETRIES_ON_CONFLICT)
+    for attempt in range(retries):
+        try:
+            return write()
+        except WriteConflictError as exc:
+            log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
+    return write()
+
+
+REVERTED_KEY = "cowrite.reverted.clusterings"
+
+
+@dataclass(frozen=True)
+class Revert:
+    """A replacecommit, claimed and written up to inflight, that undoes clusterings."""
+
+    instant: Instant
+    plan: CommitMetadata
+
+
+# (the losing ingestion, the clusterings it lost to, the current timeline) -> the revert, or None when
+# they cannot be reverted (then the ingestion aborts with the conflict). Called under the table lock.
+RevertClustering = Callable[["Transaction", list[Instant], Timeline], Revert | None]
+
+
+class Transaction:
+    """A writer's instant from begin to commit or abort. Use :meth:`begin` to create one."""
+
+    def __init__(self, table: Table, action: Action, operation: str, options: WriteOptions) -> None:
+        self.table = table
+        self.action = action
+        self.operation = operation
+        self.options = options
+        self.holder = LockHolder()
+        self.lock = options.lock or lock_for(
+            table.storage, options.config, self.holder, options.heartbeat_policy, table.name
+        )
+        self.strategy = options.conflict_strategy or strategy_named(
+            options.config.get(keys.CONFLICT_STRATEGY)
+        )
+        self.instant: Instant | None = None
+        self.begin_timeline = Timeline(())
+        self.heartbeat: Heartbeat | None = None
+        self.planned: CommitMetadata | None = None
+        self._early_checked = 0.0
+
+    # -- begin -----------------------------------------------------------------------------------
+    @classmethod
+    def begin(
+        cls, table: Table, operation: str, action: Action = Action.COMMIT, options: WriteOptions | None = None
+    ) -> Transaction:
+        transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
+        transaction._begin()
+        return transaction
+
+    def _begin(self) -> None:
+        self.lock.acquire()
+        try:
+            timeline = self.table.timeline()
+            # The claim counts only if the lock was held while making it (claim_instant checks, and
+            # withdraws it if not). A writer paused (or slowed by its storage) past the lock's lease may
+            # have been expired, and others may have claimed later times meanwhile: its time, picked from
+            # a stale timeline, could then be older than theirs (readers that checkpoint by requested
+            # time would skip it), or equal to one claimed for another action.
+            claiming = time.monotonic()
+            requested = self.table.claim_instant(
+                timeline, self.action, int(self.options.clock() * 1000), lock=self.lock
+            )
+            self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
+            self.instant = requested
+            self.begin_timeline = timeline
+            heartbeat = Heartbeat(
+                self.table.storage,
+                requested.requested_time,
+                self.options.heartbeat_policy,
+                self.holder.owner,
+                leased_at=claiming,
+            )
+            self.heartbeat = heartbeat
+        finally:
+            self._release_lock()
+        # Outside the lock: until its first heartbeat a new instant is judged by its .requested file,
+        # which was just written, so nobody can take it for failed meanwhile. Its lease runs from the
+        # claim: paused here past the tolerance, the writer may have been rolled back, and fails to start.
+        heartbeat.start()
+        log.debug("began %s on %s", requested, self.table)
+
+    @classmethod
+    def adopt(
+        cls,
+        table: Table,
+        planned: Instant,
+        plan: CommitMetadata,
+        seen: Timeline,
+        options: WriteOptions | None = None,
+    ) -> Transaction:
+        """Take over an instant a table service planned (its ``.requested`` holds the plan).
+
+        Of several executors, only the one that creates ``.inflight`` goes on; the others get
+        :class:`CommitFailedError` before touching anything. ``seen`` is the timeline the plan was
+        made on: commits completed after it are the candidates for conflicts.
+        """
+        inflight = planned.transition(State.INFLIGHT)
+        if not table.storage.create_if_absent(table.instant_path(inflight), plan.to_bytes(planned.action)):
+            raise CommitFailedError(f"{inflight} of {table.uri} is already being executed by another job")
+        transaction = cls(table, planned.action, plan.operation, options or WriteOptions(config=table.config))
+        transaction.instant = inflight
+        transaction.planned = plan
+        transaction.begin_timeline = seen
+        transaction.holder = transaction.lock.holder = transaction.holder.for_instant(planned.requested_time)
+        transaction.heartbeat = Heartbeat(
+            table.storage,
+            planned.requested_time,
+            transaction.options.heartbeat_policy,
+            transaction.holder.owner,
+        ).start()
+        return transaction
+
+    @property
+    def instant_time(self) -> str:
+        if self.instant is None:
+            raise CowriteError("the transaction has not begun")
+        return self.instant.requested_time
+
+    # -- plan and write --------------------------------------------------------------------------
+    def plan(self, planned: CommitMetadata) -> None:
+        """Publish ``.inflight`` listing every file group and base file this write may create."""
+        self.check_alive()
+        assert self.instant is not None
+        inflight = self.instant.transition(State.INFLIGHT)
+        self.table.storage.write(self.table.instant_path(inflight), planned.to_bytes(self.action))
+        self.instant = inflight
+        self.planned = planned
+
+    def check_alive(self) -> None:
+        """Raise as soon as the write cannot succeed: its lease is gone (:class:`LeaseLostError`) or,
+        with early conflict detection on, it overlaps a writer that wins (:class:`WriteConflictError`)."""
+        if self.heartbeat is None:
+            raise CowriteError("the transaction has not begun")
+        self.heartbeat.check(margin=0.0)
+        if self.planned is not None and self.options.config.get(keys.EARLY_CONFLICT_DETECTION):
+            now = time.monotonic()
+            if now - self._early_checked >= self.options.config.get(keys.EARLY_CONFLICT_PERIOD_MS) / 1000:
+                self._early_checked = now
+                self._check_early(self.planned)
+
+    def _check_early(self, planned: CommitMetadata) -> None:
+        """Abort while writing if a commit that completed since begin, or a live writer with an earlier
+        instant (which wins by this rule), plans to touch one of our file groups."""
+        timeline = self.table.timeline()
+        rivals = [
+            Candidate(i, self.table.commit_metadata(i))
+            for i in timeline.completed_since(self.begin_timeline.completed_times)
+            if i.action.writes_data
+        ] + [
+            Candidate(i, plan)
+            for i in timeline.pending()
+            if i.action.writes_data
+            and i.requested_time < self.instant_time
+            and (plan := self.table.pending_plan(i)) is not None
+        ]
+        for conflict in self.strategy(planned, rivals):
+            raise WriteConflictError(
+                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
+            )
+
+    # -- commit ----------------------------------------------------------------------------------
+    def commit(self, metadata: CommitMetadata, revert: RevertClustering | None = None) -> Instant:
+        """Publish the completed instant, or raise; see the module docstring for the error cases.
+
+        ``revert`` lets an ingestion that lost to a clustering win instead, when the table gives
+        ingestion priority (``hoodie.clustering.updates.strategy`` = allow): it writes the clustering's
+        input file groups back as new file groups, which a second replacecommit publishes right after
+        this one, replacing the clustering's output (RFC-22's example of priority).
+        """
+        assert self.instant is not None and self.heartbeat is not None
+        if self.instant.state is State.REQUESTED:
+            self.plan(metadata)
+        try:
+            self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
+            self.heartbeat.check()
+            self._read_new_commits()
+            payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
+            self.lock.acquire()
+            try:
+                completed = self._publish(metadata, payload, revert)
+            finally:
+                self._release_lock()
+        except CommitStateUnknownError:
+            self.heartbeat.stop(delete=False)
+            raise
+        except BaseException as exc:
+            # nothing was published: whatever went wrong, the write definitely did not commit
+            self.abort(exc)
+            raise
+        try:
+            self.heartbeat.stop(delete=True)
+        except CowriteError as exc:  # committed all the same; the cleaner collects a stray heartbeat
+            log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
+        log.info("committed %s on %s", completed, self.table)
+        return completed
+
+    def _read_new_commits(self) -> None:
+        """Read the commits completed since begin before taking the lock (their metadata is cached):
+        under the lock, where every other writer waits, only those completed meanwhile are read."""
+        for instant in self.table.timeline().completed_since(self.begin_timeline.completed_times):
+            if instant.action.writes_data:
+                self.table.commit_metadata(instant)
+
+    def _publish(self, metadata: CommitMetadata, payload: bytes, revert: RevertClustering | None) -> Instant:
+        assert self.instant is not None and self.heartbeat is not None
+        timeline = self.table.timeline()
+        mine = timeline.get(self.instant_time)
+        if mine is None or mine.is_completed:
+            raise LeaseLostError(
+                f"instant {self.instant_time} of table {self.table.name} is no longer pending "
+                f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
+            )
+        if self._being_rolled_back(timeline):
+            raise LeaseLostError(
+                f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
+                "rolled back (its heartbeat expired); not publishing"
+            )
+        reverted = self._check_conflicts(metadata, timeline, revert)
+        self.heartbeat.check()
+        self.lock.check_held()
+        completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
+        done = self.instant.transition(State.COMPLETED, completion)
+        try:
+            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
+        except StorageError as exc:
+            raise CommitStateUnknownError(
+                f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
+                f"look for instant {self.instant_time} before retrying"
+            ) from exc
+        if not created:
+            raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        self.instant = done
+        if reverted is not None:
+            self._publish_revert(reverted)
+        return done
+
+    def _being_rolled_back(self, timeline: Timeline) -> bool:
+        """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after
+        the listing was archived, so it had completed; it was not of this instant, which is still here."""
+        for rollback in timeline.after(self.instant_time).filter(actions=[Action.ROLLBACK]):
+            try:
+                if self.table.rollback_plan(rollback).target == self.instant_time:
+                    return True
+            except InstantGoneError:
+                continue
+        return False
+
+    def _publish_revert(self, revert: Revert) -> None:
+        """Complete the replacecommit that undoes clusterings, right after our own commit."""
+        now = int(self.options.clock() * 1000)
+        completion = self.table.completion_time(self.table.timeline(), revert.instant.requested_time, now)
+        done = revert.instant.transition(State.COMPLETED, completion)
+        if not self.table.storage.create_if_absent(
+            self.table.instant_path(done), revert.plan.to_bytes(Action.REPLACE_COMMIT)
+        ):
+            raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        log.info("reverted clusterings %s with %s", revert.plan.extra.get(REVERTED_KEY), done)
+
+    def _check_conflicts(
+        self, metadata: CommitMetadata, timeline: Timeline, revert: RevertClustering | None
+    ) -> Revert | None:
+        """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
+        seen = self.begin_timeline.completed_times
+        is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
+        ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
+        candidates = [
+            Candidate(instant, self.table.commit_metadata(instant))
+            for instant in timeline.completed_since(seen)
+            if instant.action.writes_data
+        ]
+        if is_service or not ingestion_first:  # pending clustering plans count as touched
+            candidates += [
+                Candidate(instant, plan)
+                for instant in timeline.pending()
+                if instant.requested_time != self.instant_time
+                and (plan := self.table.service_plan(instant)) is not None
+            ]
+        conflicts = self.strategy(metadata, candidates)
+        undo = None
+        if conflicts and revert is not None and ingestion_first and not is_service:
+            winners = [c.winner for c in conflicts]
+            if all(w.is_completed and self.table.is_clustering(w) for w in winners):
+                undo = revert(self, winners, timeline)
+        if conflicts and undo is None:
+            conflict = conflicts[0]
+            raise WriteConflictError(
+                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
+            )
+        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED:
+            completed = [c for c in candidates if c.instant.is_completed]
+            for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
+                raise WriteConflictError(
+                    self.table.name,
+                    self.instant_time,
+                    conflict.winner.requested_time,
+                    conflict.describe(),
+                    what="records with the same keys",
+                )
+        return undo
+
+    def _release_lock(self) -> None:
+        """Release the lock; a failure only delays the next writer until the lock expires."""
+        try:
+            self.lock.release()
+        except CowriteError as exc:
+            log.warning("could not release the lock of %s (it expires by itself): %s", self.table, exc)
+
+    # -- abort -----------------------------------------------------------------------------------
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Give up: delete the files this write created and mark the instant failed for the rollback."""
+        if self.heartbeat is not None:
+            self.heartbeat.mark_aborted(_abort_reason(cause))
+        if self.planned is not None and not (self.instant and self.instant.is_completed):
+            for path in own_files(self.planned, self.instant_time):
+                try:
+                    self.table.storage.delete(path)
+                except CowriteError as exc:  # best effort: the rollback finds them from the plan
+                    log.warning("could not delete %s after abort: %s", path, exc)
+        self._release_lock()
+
+
+def _abort_reason(cause: BaseException | None) -> str:
+    if isinstance(cause, WriteConflictError):
+        return "conflict"
+    if isinstance(cause, LeaseLostError):
+        return "lease-lost"
+    return "error"
+
+
+def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
+    """The planned base files that carry ``instant_time`` in their name.
+
+    Only these can be garbage of the instant: a plan naming any other file (a bug, a forged plan) must
+    never make an abort or a rollback delete data of another commit.
+    """
+    files = []
+    for stat in plan.write_stats:
+        base = BaseFile.parse(FileInfo(stat.path, 0, 0.0))
+        if base is not None and base.instant_time == instant_time and stays_inside(stat.path):
+            files.append(stat.path)
+        else:
+            log.warning(
+                "plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path
+            )
+    return files

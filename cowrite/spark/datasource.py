@@ -1,0 +1,376 @@
+"""The ``cowrite`` Spark data source (Spark 4's Python data source API), with Hudi's option names.
+
+::
+
+    register(spark)  # once per session
+    (df.write.format("cowrite").mode("append")
+       .option("hoodie.datasource.write.recordkey.field", "id")
+       .option("hoodie.datasource.write.partitionpath.field", "region")
+       .option("hoodie.datasource.write.precombine.field", "ts")
+       .save("s3://bucket/orders"))
+    spark.read.format("cowrite").load(path)                                       # snapshot
+    spark.read.format("cowrite").option("as.of.instant", "20261121093000000").load(path)  # time travel
+    (spark.read.format("cowrite").option("hoodie.datasource.query.type", "incremental")
+       .option("hoodie.datasource.read.begin.instanttime", checkpoint).load(path))  # by completion time
+
+Writes are ``insert`` (the default here) and ``bulk_insert``: each task writes its own rows as new file
+groups of the target size. What a data source write cannot do — shuffle rows to the file group that
+holds their key — rules out upsert, delete and insert_overwrite, and filling small file groups: use
+:class:`~cowrite.spark.engine.SparkWriter` for those. Only ``mode("append")`` is accepted
+(Spark's Python data sources know append and overwrite; overwrite would need insert_overwrite).
+The first write creates the table from the write options (record key required).
+
+How one write commits, across the processes Spark uses:
+
+1. ``DataSource.writer`` (a Python process on the driver) validates the schema exactly as the local
+   engine does, then begins the transaction. That process does not live until the commit, so the
+   heartbeat thread stops there; the heartbeat file stays and the writing tasks renew it.
+2. Each task writes new file groups. Its driver cannot know the file names in advance, so before each
+   base file the task creates a marker (:mod:`cowrite.format.markers`): a crash leaves files that the
+   rollback still finds.
+3. ``commit`` (another driver-side process) takes over the instant (``Transaction.adopt``) if its
+   lease is still live, deletes files of failed task attempts (marked but not reported), publishes the
+   plan and commits; ``abort`` deletes every marked file and marks the instant failed. The tasks' writer
+   and the driver's cleanup are :mod:`.append`'s, shared with ``SparkWriter``'s inserts.
+
+Reads return Hudi's meta columns (as Hudi's data source does). Partition pruning takes its filters
+from the ``cowrite.read.filters`` option (JSON), not from Spark's filter pushdown (``pushFilters``):
+Spark 4.3 keeps the read plan that pushdown produced on the *relation*, so every later query of the same
+DataFrame would read only the first query's partitions — a ``df.where(p = 'a')`` followed by
+``df.count()`` counts partition ``a`` only (checked against Spark 4.3.0). An option is part of the
+relation itself, so it cannot leak into other queries. ``SparkWriter``'s readers
+(:func:`~cowrite.spark.reader.snapshot`) take the same filters as a Python argument.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from cowrite.engine.contract import conform, current_schema, fit
+from cowrite.errors import ConfigError, LeaseLostError, TableExistsError, TableNotFoundError
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.config import Config
+from cowrite.format.instant import Action, State
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.local.writer import LocalWriter, Operation
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
+from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.spark.append import (
+    NewFileGroups,
+    delete_markers,
+    delete_unreported,
+    discard,
+    record_bytes_of,
+    task_and_token,
+)
+from cowrite.spark.filters import Predicate, predicates
+from cowrite.spark.reader import Scan, plan_incremental, plan_snapshot
+from cowrite.spark.tasks import (
+    ReadFiles,
+    StorageSpec,
+    TableSpec,
+    stat_from_json,
+    stat_to_json,
+)
+
+NAME = "cowrite"
+WRITE_OPERATIONS = ("insert", "bulk_insert")
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("cowrite")`` known to ``spark``."""
+    spark.dataSource.register(CowriteDataSource)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """A data source's options: the table's location, its storage options and the rest as settings."""
+
+    uri: str
+    storage_options: Mapping[str, Any]
+    values: Mapping[str, str]
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> _Settings:
+        values = {str(k).lower(): str(v) for k, v in dict(options).items()}
+        uri = values.pop("path", "")
+        if not uri:
+            raise ConfigError("the cowrite data source needs a table path: .load(path) or .save(path)")
+        raw = values.get(keys.STORAGE_OPTIONS_JSON.key, "")
+        try:
+            storage_options = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ConfigError(f"{keys.STORAGE_OPTIONS_JSON.key} is not JSON: {exc}") from None
+        return cls(uri, storage_options, values)
+
+    @property
+    def config(self) -> Config:
+        return Config(self.values)
+
+    def table(self) -> Table:
+        return Table.load(self.uri, **dict(self.storage_options))
+
+
+class CowriteDataSource(DataSource):
+    """``format("cowrite")``: reads (snapshot, time travel, incremental) and appending writes."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        settings = _Settings.of(self.options)
+        rules = predicates(settings.config.get(keys.READ_FILTERS))
+        return from_arrow_schema(_plan(settings, settings.table(), rules).schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        settings = _Settings.of(self.options)
+        return CowriteReader(settings, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return _begin_write(_Settings.of(self.options), schema, overwrite)
+
+
+# -- reading -----------------------------------------------------------------------------------------------
+def _plan(settings: _Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
+    config = settings.config
+    query = config.get(keys.QUERY_TYPE).lower()
+    if query in ("snapshot", "read_optimized"):
+        as_of = config.get(keys.AS_OF_INSTANT) or None
+        return plan_snapshot(table, as_of=as_of, filters=rules, with_meta=True)
+    if query == "incremental":
+        since = config.get(keys.READ_BEGIN_INSTANTTIME) or None
+        until = config.get(keys.READ_END_INSTANTTIME) or None
+        return plan_incremental(table, since, until, filters=rules, with_meta=True)
+    raise ConfigError(f"{keys.QUERY_TYPE.key}={query}: use snapshot, read_optimized or incremental")
+
+
+class FileToRead(InputPartition):
+    """One base file of the scan: a task reads it (Spark pickles each partition to its task)."""
+
+    def __init__(self, reading: ReadFiles) -> None:
+        super().__init__(reading.files[0])
+        self.reading = reading
+
+
+class CowriteReader(DataSourceReader):
+    """Plans the scan on the driver (one input partition per base file); tasks read their file."""
+
+    def __init__(self, settings: _Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = to_arrow_schema(schema, timezone="UTC")
+        self.rules: tuple[Predicate, ...] = predicates(settings.config.get(keys.READ_FILTERS))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        table = self.settings.table()
+        scan = _plan(self.settings, table, self.rules)
+        storage = StorageSpec.of(table.storage)
+        return [
+            FileToRead(ReadFiles(storage, (path,), self.schema, scan.commit_times, scan.rules))
+            for path in scan.files
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, FileToRead)
+        yield from partition.reading.read([0])
+
+
+# -- writing -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Ticket:
+    """A begun instant, handed from the process that began it to the tasks and to the one that commits."""
+
+    uri: str
+    storage_options: Mapping[str, Any]
+    config: Mapping[str, str]
+    instant: str
+    operation: str
+    seen: frozenset[str]  # requested times of the instants completed when it began
+    owner: str
+
+    def table(self) -> Table:
+        return Table.load(self.uri, **dict(self.storage_options))
+
+    @property
+    def policy(self) -> HeartbeatPolicy:
+        return HeartbeatPolicy.from_config(Config(self.config))
+
+
+@dataclass
+class CommitStats(WriterCommitMessage):
+    """What one task wrote: write stats as JSON."""
+
+    stats: tuple[str, ...] = ()
+
+
+def _open_or_create(settings: _Settings) -> Table:
+    config = settings.config
+    given_keys = config.get(keys.WRITE_RECORDKEY_FIELD)
+    given_partitions = config.get(keys.WRITE_PARTITIONPATH_FIELD)
+    given_ordering = config.get(keys.WRITE_PRECOMBINE_FIELD)
+    try:
+        table = settings.table()
+    except TableNotFoundError:
+        if not given_keys:
+            raise ConfigError(
+                f"no table at {settings.uri} yet: set {keys.WRITE_RECORDKEY_FIELD.key} (and "
+                f"{keys.WRITE_PARTITIONPATH_FIELD.key}, {keys.WRITE_PRECOMBINE_FIELD.key}) to create it"
+            ) from None
+        name = config.get(keys.TABLE_NAME) or config.get(keys.WRITE_TABLE_NAME)
+        try:
+            return Table.create(
+                settings.uri,
+                name=name or settings.uri.rstrip("/").rsplit("/", 1)[-1],
+                record_key_fields=given_keys,
+                partition_fields=given_partitions,
+                ordering_fields=(given_ordering,) if given_ordering else (),
+                hive_style_partitioning=config.get(keys.HIVE_STYLE_PARTITIONING),
+                storage_options=settings.storage_options,
+            )
+        except TableExistsError:  # another writer created it meanwhile
+            table = settings.table()
+    mismatched = [
+        f"{key.key}={','.join(given) if isinstance(given, tuple) else given} (the table has {have})"
+        for key, given, have in (
+            (keys.WRITE_RECORDKEY_FIELD, given_keys, ",".join(table.record_key_fields)),
+            (keys.WRITE_PARTITIONPATH_FIELD, given_partitions, ",".join(table.partition_fields)),
+            (keys.WRITE_PRECOMBINE_FIELD, given_ordering, ",".join(table.ordering_fields)),
+        )
+        if given and (",".join(given) if isinstance(given, tuple) else given) != have
+    ]
+    if mismatched:
+        raise ConfigError(f"options do not match the table at {settings.uri}: {'; '.join(mismatched)}")
+    return table
+
+
+def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> CowriteWriter:
+    operation = settings.config.get(keys.WRITE_OPERATION).lower()
+    if operation not in WRITE_OPERATIONS:
+        raise ConfigError(
+            f"{keys.WRITE_OPERATION.key}={operation}: the data source writes "
+            f"{' or '.join(WRITE_OPERATIONS)}; an upsert, delete or insert_overwrite needs a shuffle "
+            "first: use "
+            "cowrite.spark.SparkWriter(table, spark).upsert(df) (or .delete, .insert_overwrite)"
+        )
+    if overwrite:
+        raise ConfigError(
+            'the cowrite data source appends: use .mode("append"); to replace partitions use '
+            "SparkWriter(table, spark).insert_overwrite(df)"
+        )
+    table = _open_or_create(settings)
+    config = table.config.with_values(settings.values)
+    options = WriteOptions(config=config)
+    current = current_schema(table)
+    fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
+    LocalWriter(table, options)._prepare(fitted.target.empty_table(), Operation.INSERT, "input", current)
+    transaction = Transaction.begin(table, operation, Action.COMMIT, options)
+    assert transaction.heartbeat is not None
+    transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
+    ticket = _Ticket(
+        uri=settings.uri,
+        storage_options=dict(settings.storage_options),
+        config=config.raw(),
+        instant=transaction.instant_time,
+        operation=operation,
+        seen=transaction.begin_timeline.completed().requested_times,
+        owner=transaction.holder.owner,
+    )
+    return CowriteWriter(
+        ticket=ticket,
+        spec=TableSpec.of(table, config),
+        target=fitted.target,
+        commit_schema=fitted.table_schema,
+        record_bytes=record_bytes_of(table, transaction.begin_timeline),
+        max_file_bytes=config.get(keys.PARQUET_MAX_FILE_SIZE),
+    )
+
+
+@dataclass
+class CowriteWriter(DataSourceArrowWriter):
+    """Tasks write new file groups; the driver side commits or aborts the begun instant."""
+
+    ticket: _Ticket
+    spec: TableSpec
+    target: pa.Schema  # every batch is conformed to the table's schema (see ..contract)
+    commit_schema: str
+    record_bytes: float | None
+    max_file_bytes: int
+
+    # -- on executors --------------------------------------------------------------------------------
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> CommitStats:
+        ticket = self.ticket
+        writer = NewFileGroups(
+            self.spec,
+            ticket.instant,
+            ticket.owner,
+            tuple(self.target.names),
+            self.max_file_bytes,
+            self.record_bytes,
+            renew=True,
+        )
+        task, token = task_and_token()
+        batches = (b for batch in iterator for b in conform(pa.table(batch), self.target).to_batches())
+        return CommitStats(tuple(stat_to_json(s) for s in writer.write(batches, task, token)))
+
+    # -- on the driver -------------------------------------------------------------------------------
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        ticket = self.ticket
+        table = ticket.table()
+        stats = _stats(messages)
+        delete_unreported(table.storage, ticket.instant, stats)
+        metadata = CommitMetadata(ticket.operation, tuple(stats), {}, self.commit_schema)
+        _adopt(table, ticket, metadata).commit(metadata)
+        delete_markers(table.storage, ticket.instant)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        ticket = self.ticket
+        table = ticket.table()
+        Heartbeat(table.storage, ticket.instant, ticket.policy, ticket.owner).mark_aborted("error")
+        discard(table.storage, ticket.instant, _stats(messages))
+
+
+def _stats(messages: Sequence[WriterCommitMessage | None]) -> list[WriteStat]:
+    return [
+        stat_from_json(text)
+        for message in messages
+        if isinstance(message, CommitStats)
+        for text in message.stats
+    ]
+
+
+def _adopt(table: Table, ticket: _Ticket, metadata: CommitMetadata) -> Transaction:
+    """Take over the begun instant in this process, if its lease is still live; publishes the plan."""
+    policy = ticket.policy
+    age = heartbeat_age(table.storage, ticket.instant)
+    reason = abort_reason(table.storage, ticket.instant)
+    if age is None or age > policy.tolerance or reason is not None:
+        state = "gone" if age is None else f"{age:.0f} s old" + (f", aborted ({reason})" if reason else "")
+        raise LeaseLostError(
+            f"the heartbeat of instant {ticket.instant} of table {table.name} is {state}; "
+            "the write lost its lease and is not committed"
+        )
+    timeline = table.timeline()
+    mine = timeline.get(ticket.instant)
+    if mine is None or mine.state is not State.REQUESTED:
+        raise LeaseLostError(f"instant {ticket.instant} of table {table.name} is no longer requested: {mine}")
+    seen = Timeline(i for i in timeline if i.requested_time in ticket.seen)
+    options = WriteOptions(config=Config(ticket.config))
+    return Transaction.adopt(table, mine, metadata, seen, options)

@@ -1,0 +1,166 @@
+"""Readers as Spark DataFrames: snapshot, time travel and incremental, with partition pruning.
+
+The driver plans a :class:`Scan` — which base files, and which of their rows — with the same rules as
+the Arrow readers (:mod:`cowrite.local.read`): the latest visible base file of every file group for
+a snapshot (as of a requested instant time for time travel), and for an incremental read the newest
+file each file group got from the commits completed in ``(since, until]``, keeping the rows those
+commits wrote. Executors then read one base file per task through the storage layer.
+
+Filters (``[("region", "=", "eu"), ("day", ">=", date(2026, 1, 1))]``, see :mod:`.filters`) prune
+partitions before anything is listed: only the directories of matching partitions are listed, and only
+their files are read. The tasks also apply the filters to the rows, so results never depend on pruning.
+
+The DataFrame's schema is the newest base file's (the table's current schema, as Hudi's readers use
+the latest commit's); files written before a column existed read it as null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from cowrite.engine.records import META_COLUMNS
+from cowrite.format.fs_view import BaseFile, FileSystemView, open_base_file
+from cowrite.format.instant import check_time
+from cowrite.format.overlay import entries_of, newest_files
+from cowrite.format.table import Table
+from cowrite.format.timeline import InstantRange
+from cowrite.spark.filters import Predicate, matching_partitions, partition_matches, predicates
+from cowrite.spark.tasks import ReadFiles, StorageSpec
+from cowrite.storage.backend import FileInfo
+
+Filters = Iterable[Predicate | Sequence[Any]] | None
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a read takes: base files (relative paths) and, for incremental reads, the commits kept."""
+
+    files: tuple[str, ...]
+    schema: pa.Schema  # of the rows returned, in Spark-compatible Arrow types
+    commit_times: tuple[str, ...] | None = None
+    rules: tuple[Predicate, ...] = ()
+
+
+def plan_snapshot(
+    table: Table,
+    as_of: str | None = None,
+    filters: Filters = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+) -> Scan:
+    """The base files a snapshot (``as_of``: time travel) reads, after partition pruning."""
+    if as_of is not None:
+        check_time(as_of)
+    rules = predicates(filters)
+    partitions = matching_partitions(table, rules)
+    view = FileSystemView.build(table, as_of=as_of, partitions=partitions)
+    files = view.latest_base_files()
+    schema = _reader_schema(table, files, as_of, columns, with_meta)
+    return Scan(tuple(b.path for b in files), schema, None, rules)
+
+
+def plan_incremental(
+    table: Table,
+    since: str | None = None,
+    until: str | None = None,
+    filters: Filters = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+) -> Scan:
+    """The base files and commits of an incremental read of completion times ``(since, until]``."""
+    rules = predicates(filters)
+    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
+    entries = entries_of(table, commits)
+    fields, hive = table.partition_fields, table.hive_style_partitioning
+    paths = [p for p in newest_files(entries) if partition_matches(p.rpartition("/")[0], fields, hive, rules)]
+    files = [b for b in (BaseFile.parse(FileInfo(p, 0, 0.0)) for p in paths) if b is not None]
+    schema = _reader_schema(table, files, None, columns, with_meta)
+    return Scan(tuple(paths), schema, tuple(sorted({e.requested_time for e in entries})), rules)
+
+
+def snapshot(
+    spark: SparkSession,
+    table: Table,
+    as_of: str | None = None,
+    filters: Filters = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+) -> DataFrame:
+    """All visible records as a DataFrame (as of a requested instant time, for time travel)."""
+    return to_dataframe(spark, table, plan_snapshot(table, as_of, filters, columns, with_meta))
+
+
+def incremental(
+    spark: SparkSession,
+    table: Table,
+    since: str | None = None,
+    until: str | None = None,
+    filters: Filters = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+) -> DataFrame:
+    """Records written by the commits completed in ``(since, until]`` (completion times)."""
+    return to_dataframe(spark, table, plan_incremental(table, since, until, filters, columns, with_meta))
+
+
+def to_dataframe(spark: SparkSession, table: Table, scan: Scan) -> DataFrame:
+    """The rows of ``scan``, one task per base file; the tasks apply the scan's filters to the rows."""
+    schema = from_arrow_schema(scan.schema)
+    if not scan.files:
+        return spark.createDataFrame([], schema)
+    reader = ReadFiles(StorageSpec.of(table.storage), scan.files, scan.schema, scan.commit_times, scan.rules)
+    count = len(scan.files)
+    return spark.range(0, count, 1, numPartitions=min(count, 4096)).mapInArrow(reader, schema)
+
+
+# -- schema ------------------------------------------------------------------------------------------------
+def _reader_schema(
+    table: Table,
+    files: Sequence[BaseFile],
+    as_of: str | None,
+    columns: Sequence[str] | None,
+    with_meta: bool,
+) -> pa.Schema:
+    """The newest base file's schema (of those read, else of the newest commit), in Spark's Arrow types."""
+    newest = max(files, key=lambda b: (b.instant_time, b.path), default=None)
+    path = newest.path if newest is not None else _newest_written(table, as_of)
+    if path is None:
+        return pa.schema([])
+    with open_base_file(table.storage, path) as stream:
+        schema = pq.ParquetFile(stream).schema_arrow.remove_metadata()
+    fields = [spark_compatible(f) for f in schema if with_meta or f.name not in META_COLUMNS]
+    if columns is not None:
+        by_name = {f.name: f for f in fields}
+        fields = [by_name[c] for c in columns if c in by_name]
+    return pa.schema(fields)
+
+
+def _newest_written(table: Table, as_of: str | None) -> str | None:
+    for instant in reversed(table.timeline().data_commits().in_completion_order()):
+        if as_of is not None and instant.requested_time > as_of:
+            continue
+        for stat in table.commit_metadata(instant).write_stats:
+            if table.storage.exists(stat.path):
+                return stat.path
+    return None
+
+
+def spark_compatible(field: pa.Field) -> pa.Field:
+    """A field in an Arrow type Spark reads back unchanged (microsecond timestamps, no half floats)."""
+    kind = field.type
+    if pa.types.is_timestamp(kind) and kind.unit != "us":
+        return field.with_type(pa.timestamp("us", tz=kind.tz))
+    if pa.types.is_float16(kind):
+        return field.with_type(pa.float32())
+    if pa.types.is_large_string(kind):
+        return field.with_type(pa.string())
+    if pa.types.is_large_binary(kind):
+        return field.with_type(pa.binary())
+    return field
