@@ -19,40 +19,19 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
-from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import list_base_files
-from cowrite.format.instant import Action, Instant
+from cowrite.format.instant import Action
 from cowrite.format.table import Table
 from cowrite.local import read
-from cowrite.protocol.transaction import Transaction
 
 _COWRITE = [sys.executable, "-m", "cowrite"]
 _FAST_HEARTBEAT = {
     "hoodie.client.heartbeat.interval_in_ms": "1000",
     "hoodie.client.heartbeat.tolerable.misses": "2",
 }
-
-
-def slow_write(release: str, *args: str) -> None:
-    """``cowrite write`` that, between writing its files and committing, waits until the file ``release``
-    exists (at most ten minutes): a long backfill, held at the point where the demo needs it."""
-    from cowrite.cli import main
-
-    commit = Transaction.commit
-
-    def paused_commit(self: Transaction, metadata: CommitMetadata, *more: Any, **options: Any) -> Instant:
-        deadline = time.time() + 600
-        while not Path(release).exists() and time.time() < deadline:
-            time.sleep(0.1)
-        return commit(self, metadata, *more, **options)
-
-    Transaction.commit = paused_commit  # type: ignore[method-assign]
-    sys.argv = ["cowrite", "write", *args]
-    main()
 
 
 def _batch(directory: Path, name: str, rows: list[dict[str, object]]) -> str:
@@ -74,8 +53,8 @@ def _spark_write(
         if hold_until is None
         else [
             sys.executable,
-            "-c",
-            "import sys, cowrite.demo as d; d.slow_write(*sys.argv[1:])",
+            "-m",
+            "cowrite.held_write",
             str(hold_until),
             *args,
         ]

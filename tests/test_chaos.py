@@ -26,6 +26,7 @@ from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
 from cowrite.engine.contract import current_schema
+from cowrite.engine.operations import Operation, prepare
 from cowrite.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
@@ -33,7 +34,7 @@ from cowrite.format.instant import Action, State, from_millis
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
-from cowrite.local.writer import LocalWriter, Operation
+from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.locks.filesystem import ReleaseReason, _write_release, current_lock
 from cowrite.protocol.transaction import Transaction, WriteOptions
@@ -163,7 +164,7 @@ def staged(
 ) -> tuple[Transaction, object]:
     """A write that began and wrote its files, not committed yet: (transaction, its commit metadata)."""
     writer = LocalWriter(table, options)
-    prepared = writer._prepare(data, operation, "input", current_schema(writer.table))
+    prepared = prepare(table, data, operation, "input", current_schema(table))
     transaction = Transaction.begin(table, operation.value, operation.action, writer.options)
     return transaction, writer._write_files(transaction, prepared, operation)
 
@@ -207,8 +208,8 @@ def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> N
     write; Hudi keeps the earliest commit to retain below the earliest pending one)."""
     writer = LocalWriter(table)
     versions = [writer.insert(rows(["a", "b"])), writer.upsert(rows(["a"], ts=2))]
-    prepared = writer._prepare(
-        rows(["b"], ts=5, value="late"), Operation.UPSERT, "input", current_schema(writer.table)
+    prepared = prepare(
+        table, rows(["b"], ts=5, value="late"), Operation.UPSERT, "input", current_schema(writer.table)
     )
     late = Transaction.begin(table, "upsert", Action.COMMIT, writer.options)
     versions += [writer.upsert(rows(["a"], ts=3)), writer.upsert(rows(["a"], ts=4))]

@@ -1,11 +1,12 @@
 """One chaos writer: a process that writes its rounds with ``LocalWriter`` while faults are injected into it.
 
 ``python -m bench.chaos.worker SPEC.json`` (run from the repository root). The spec names the table, the
-rounds (operation and rows), the write settings, the clock skew and the faults. Faults wrap cowrite's
-functions *in this process only*; production code has no hooks:
+rounds (operation and rows), the write settings, the clock skew and the faults, which act in this
+process only:
 
-- at a protocol step (``plan.STEPS``, or ``plan.UNSAFE_STEP``) of one round the writer kills itself with
-  SIGKILL, or stops itself with SIGSTOP (the harness sends SIGCONT once the writer's lease is long gone);
+- at a protocol step (``plan.STEPS``, or ``plan.UNSAFE_STEP``; named in :mod:`cowrite.steps`, which calls
+  this process's observer) of one round the writer kills itself with SIGKILL, or stops itself with SIGSTOP
+  (the harness sends SIGCONT once the writer's lease is long gone);
 - storage calls of the main thread (``create_if_absent``, listings, ``delete``) fail before acting, fail
   after acting (a lost acknowledgement: the caller cannot know it happened), or are slow. The heartbeat
   thread is spared: a writer whose renewals fail loses its lease, which the stops already cover.
@@ -35,14 +36,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from cowrite import steps
 from cowrite.errors import CowriteError, StorageError
 from cowrite.format import config as keys
-from cowrite.format.instant import Instant
 from cowrite.format.table import Table
-from cowrite.local import writer as local
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
-from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.protocol.heartbeat import heartbeat_path
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.steps import Step
 from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
 
 
@@ -106,87 +107,32 @@ class Faults:
 
 
 def install(faults: Faults, events: Events) -> None:
-    original_claim = Table.claim_instant
-    original_plan = Transaction.plan
-    original_commit = Transaction.commit
-    original_publish = Transaction._publish
-    original_abort = Transaction.abort
-    original_write = local.write_file_group
-    original_renew = Heartbeat.renew
-    original_mark_aborted = Heartbeat.mark_aborted
-    original_completion_time = Table.completion_time
+    """Observe this process's protocol steps (:mod:`cowrite.steps`): record them, fault at them."""
+    reported = {Step.CLAIMED, Step.PLANNED, Step.PUBLISHED, Step.ABORTING, Step.GAVE_UP}
 
-    def claim_instant(self: Table, timeline: Any, *args: Any, **kwargs: Any) -> Instant:
-        faults.at("claiming")
-        instant = original_claim(self, timeline, *args, **kwargs)
-        faults.instant = instant.requested_time
-        seen = sorted(i.requested_time for i in timeline if i.is_completed)
-        events.emit("claimed", instant=instant.requested_time, action=instant.action.value, seen=seen)
-        faults.at("claimed")
-        return instant
-
-    def plan(self: Transaction, planned: Any) -> None:
-        faults.at("requested")
-        original_plan(self, planned)
-        events.emit("planned", instant=self.instant_time)
-        faults.at("planned")
-
-    def completion_time(timeline: Any, requested_time: str, now_millis: int) -> str:
-        faults.at("checked")  # in _publish: every check passed, the completed file comes next
-        return original_completion_time(timeline, requested_time, now_millis)
-
-    def mark_aborted(self: Heartbeat, reason: str) -> None:
-        events.emit("gave-up", instant=self.instant, reason=reason)  # from now on it may be rolled back
-        original_mark_aborted(self, reason)
-
-    def renew(self: Heartbeat) -> None:
-        before = self._renewed_at
-        original_renew(self)
-        if self._renewed_at != before:  # renewed: its modification time is what judges compare with
+    def observer(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is Step.CLAIMED:
+            faults.instant = instant
+        if step is Step.RENEWED:  # what judges compare with is the file's modification time
             try:
-                modified = self.storage.stat(heartbeat_path(self.instant)).modified
+                modified = details["storage"].stat(heartbeat_path(instant)).modified
             except (OSError, CowriteError):
                 return
-            events.emit("beat", instant=self.instant, modified=modified)
+            events.emit("beat", instant=instant, modified=modified)
+            return
+        if step is Step.PUBLISHED:
+            lock_id = getattr(details["lock"], "lock_id", None)
+            fields = {"instant": instant, "completion": details["completion"], "lock_id": lock_id}
+            events.emit("published", to=events.commit_log, **fields)
+            events.emit("published", **fields)
+        elif step is Step.ABORTING:
+            events.emit("abort", instant=instant, cause=details["cause"])
+        elif step in reported:
+            events.emit(step.value, instant=instant, **details)
+        if step is not Step.GAVE_UP:  # from gave-up on the instant may be rolled back: no fault there
+            faults.at(step.value)
 
-    def write_file_group(*args: Any, **kwargs: Any) -> Any:
-        stat = original_write(*args, **kwargs)
-        faults.at("mid-write")
-        return stat
-
-    def commit(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
-        faults.at("written")
-        return original_commit(self, metadata, *args, **kwargs)
-
-    def _publish(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
-        faults.at("locked")
-        done = original_publish(self, metadata, *args, **kwargs)
-        lock_id = getattr(self.lock, "lock_id", None)
-        fields = {"instant": done.requested_time, "completion": done.completion_time, "lock_id": lock_id}
-        events.emit("published", to=events.commit_log, **fields)
-        events.emit("published", **fields)
-        faults.at("published")
-        return done
-
-    def abort(self: Transaction, cause: BaseException | None = None) -> None:
-        events.emit(
-            "abort",
-            instant=self.instant.requested_time if self.instant else None,
-            cause=type(cause).__name__ if cause else None,
-        )
-        faults.at("aborting")
-        original_abort(self, cause)
-
-    Table.claim_instant = claim_instant  # type: ignore[method-assign]
-    Transaction.plan = plan  # type: ignore[method-assign]
-    Transaction.commit = commit  # type: ignore[method-assign]
-    Transaction._publish = _publish  # type: ignore[method-assign]
-    Transaction.abort = abort  # type: ignore[method-assign]
-    Heartbeat.renew = renew  # type: ignore[method-assign]
-    Heartbeat.mark_aborted = mark_aborted  # type: ignore[method-assign]
-    Table.completion_time = staticmethod(completion_time)  # type: ignore[method-assign]
-    local.write_file_group = write_file_group
-
+    steps.observe_forever(observer)
     _wrap_storage(faults)
 
 

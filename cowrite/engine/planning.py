@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from cowrite.engine.file_group import FileGroupWrite, RecentFiles, count_rows, read_base_file
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.fs_view import BaseFile, FileSystemView
 from cowrite.storage.backend import Storage
 
@@ -163,3 +164,8 @@ def estimate_record_bytes(
                 return base.size / rows
     # Parquet compresses Arrow's in-memory size by roughly this much on typical tables.
     return max(1.0, incoming.nbytes / max(incoming.num_rows, 1) / 3)
+
+
+def planned_stat(work: FileGroupWrite) -> WriteStat:
+    """The ``.inflight`` plan's entry for a file group about to be written: its new base file, no counts."""
+    return WriteStat(work.file_id, work.new_path, work.partition, work.base_instant or "null", 0, 0, 0, 0, 0)

@@ -37,6 +37,7 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
 
 if TYPE_CHECKING:
@@ -242,6 +243,7 @@ class Table:
         """
         newest = timeline.last.requested_time if timeline.last else None  # the timeline is in time order
         millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
+        reached(Step.CLAIMING)
         lock.check_held()
         while True:
             instant = Instant(from_millis(millis), action, State.REQUESTED)
@@ -257,6 +259,9 @@ class Table:
             except CowriteError as exc:  # nothing was written under it: a rollback removes it later
                 log.warning("could not withdraw %s, claimed without the lock: %s", instant, exc)
             raise
+        if observed():
+            seen = sorted(i.requested_time for i in timeline if i.is_completed)
+            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
         return instant
 
     @staticmethod

@@ -1,56 +1,40 @@
-"""The local engine: one process writes with pyarrow, no Spark.
-
-Operations follow Hudi's:
-
-- ``insert``: new records, appended (small file groups are filled first); keys are not looked up.
-- ``upsert``: records replace the stored record of their key; the ordering field decides between versions
-  of a key, within the batch and against the stored record (the larger wins, a tie goes to the newer).
-- ``delete``: the keys given are removed (partition columns, if present, narrow the lookup).
-- ``insert_overwrite``: the partitions present in the input are replaced by its records (replacecommit).
+"""The local engine: one process writes Arrow tables with pyarrow, no Spark; the operations and their
+semantics are every engine's (:mod:`cowrite.engine.operations`).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cowrite.engine.clustering import revert_clusterings
-from cowrite.engine.contract import commit_schema, conform, current_schema, fit
-from cowrite.engine.file_group import FileGroupWrite, RecentFiles, write_file_group
+from cowrite.engine.commit import write_instant
+from cowrite.engine.contract import commit_schema, current_schema
+from cowrite.engine.file_group import RecentFiles, write_file_group
+from cowrite.engine.operations import Operation, prepare
 from cowrite.engine.planning import (
     FILE_ID,
     SizingPolicy,
     estimate_record_bytes,
     index_keys,
     plan_buckets,
+    planned_stat,
     tag_locations,
     to_work,
 )
-from cowrite.engine.records import PARTITION_PATH, RECORD_KEY, latest_per_key, partition_paths, record_keys
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import FileSystemView
-from cowrite.format.instant import Action, Instant
+from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
 from cowrite.protocol.transaction import Transaction, WriteOptions, retry_on_conflict
+from cowrite.steps import Step, reached
 
 log = logging.getLogger(__name__)
-
-
-class Operation(enum.StrEnum):
-    INSERT = "insert"
-    UPSERT = "upsert"
-    DELETE = "delete"
-    INSERT_OVERWRITE = "insert_overwrite"
-
-    @property
-    def action(self) -> Action:
-        return Action.REPLACE_COMMIT if self is Operation.INSERT_OVERWRITE else Action.COMMIT
 
 
 class LocalWriter:
@@ -81,42 +65,16 @@ class LocalWriter:
         :class:`SchemaError` before anything is written.
         """
         operation = Operation(operation)
-        prepared = self._prepare(data, operation, source, current_schema(self.table))
+        prepared = prepare(self.table, data, operation, source, current_schema(self.table))
         self.records = prepared.num_rows
         return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
 
-    # -- preparation -----------------------------------------------------------------------------
-    def _prepare(
-        self, data: pa.Table, operation: Operation, source: str, current: pa.Schema | None
-    ) -> pa.Table:
-        """Fit to the table's schema ``current``, add key and partition path columns, and deduplicate
-        where the operation merges."""
-        table = self.table
-        if any(name.startswith("_hoodie_") for name in data.column_names):
-            data = data.drop_columns([n for n in data.column_names if n.startswith("_hoodie_")])
-        delete = operation is Operation.DELETE
-        data = conform(data, fit(data.schema, current, table, delete, source).target, source)
-        key_column = record_keys(data, table.record_key_fields, source)
-        if delete and not all(f in data.column_names for f in table.partition_fields):
-            paths = pa.nulls(data.num_rows, pa.string())  # found by a lookup over all partitions
-        else:
-            paths = partition_paths(data, table.partition_fields, table.hive_style_partitioning, source)
-        prepared = data.append_column(RECORD_KEY, key_column).append_column(PARTITION_PATH, paths)
-        if operation in (Operation.UPSERT, Operation.INSERT_OVERWRITE, Operation.DELETE):
-            ordering = () if operation is Operation.DELETE else table.ordering_fields
-            prepared = latest_per_key(prepared, prepared.column(RECORD_KEY), ordering)
-        return prepared
-
     # -- one instant -----------------------------------------------------------------------------
     def _write_once(self, incoming: pa.Table, operation: Operation) -> Instant:
-        transaction = Transaction.begin(self.table, operation.value, operation.action, self.options)
-        try:
-            metadata = self._write_files(transaction, incoming, operation)
-        except BaseException as exc:
-            transaction.abort(exc)
-            raise
-        written = {(s.partition_path, s.file_id): s.path for s in metadata.write_stats}
-        return transaction.commit(metadata, revert=revert_clusterings(self.table, written))
+        return write_instant(
+            self.table, operation.value, operation.action, self.options,
+            lambda transaction: self._write_files(transaction, incoming, operation),
+        )
 
     def _write_files(
         self, transaction: Transaction, incoming: pa.Table, operation: Operation
@@ -159,7 +117,7 @@ class LocalWriter:
             table, transaction.begin_timeline, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
             delete=operation is Operation.DELETE,
         )
-        transaction.plan(self._metadata(operation, [_planned(w) for w in works], replaced, schema))
+        transaction.plan(self._metadata(operation, [planned_stat(w) for w in works], replaced, schema))
         stats = []
         for task, (bucket, work) in enumerate(zip(buckets, works, strict=True)):
             transaction.check_alive()
@@ -184,6 +142,7 @@ class LocalWriter:
                     recent=self._recent,
                 )
             )
+            reached(Step.FILE_GROUP_WRITTEN, instant)
         done = self._metadata(operation, stats, replaced, schema)
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and operation is not Operation.DELETE:
             new = tagged if FILE_ID not in tagged.column_names else tagged.filter(pc.is_null(tagged[FILE_ID]))
@@ -196,6 +155,3 @@ class LocalWriter:
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
 
-
-def _planned(work: FileGroupWrite) -> WriteStat:
-    return WriteStat(work.file_id, work.new_path, work.partition, work.base_instant or "null", 0, 0, 0, 0, 0)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from cowrite.errors import CowriteError, LeaseLostError
 from cowrite.format import config as keys
 from cowrite.format.config import Config
+from cowrite.steps import Step, reached
 from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class Heartbeat:
                 self._failure = f"cannot renew heartbeat of {self.instant}: {exc}"
                 return
             self._renewed_at = started
+        reached(Step.RENEWED, self.instant, storage=self.storage)
 
     def refresh(self) -> None:
         """Renew unless the last renewal is less than half an interval old (the lease is then as good as
@@ -168,6 +170,7 @@ class Heartbeat:
 
     def mark_aborted(self, reason: str) -> None:
         """Stop renewing and leave the reason in the heartbeat: the instant is failed from now on."""
+        reached(Step.GAVE_UP, self.instant, reason=reason)
         self.stop(delete=False)
         payload = json.dumps({"owner": self.owner, "instant": self.instant, "aborted": reason}).encode()
         try:

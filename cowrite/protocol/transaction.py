@@ -48,6 +48,7 @@ from cowrite.protocol.conflict import (
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.steps import Step, reached
 from cowrite.storage.backend import FileInfo, stays_inside
 
 log = logging.getLogger(__name__)
@@ -197,12 +198,14 @@ class Transaction:
     # -- plan and write --------------------------------------------------------------------------
     def plan(self, planned: CommitMetadata) -> None:
         """Publish ``.inflight`` listing every file group and base file this write may create."""
+        reached(Step.REQUESTED, self.instant_time)
         self.check_alive()
         assert self.instant is not None
         inflight = self.instant.transition(State.INFLIGHT)
         self.table.storage.write(self.table.instant_path(inflight), planned.to_bytes(self.action))
         self.instant = inflight
         self.planned = planned
+        reached(Step.PLANNED, self.instant_time)
 
     def check_alive(self) -> None:
         """Raise as soon as the write cannot succeed: its lease is gone (:class:`LeaseLostError`) or,
@@ -246,6 +249,7 @@ class Transaction:
         this one, replacing the clustering's output (RFC-22's example of priority).
         """
         assert self.instant is not None and self.heartbeat is not None
+        reached(Step.WRITTEN, self.instant_time)
         if self.instant.state is State.REQUESTED:
             self.plan(metadata)
         try:
@@ -255,7 +259,10 @@ class Transaction:
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
             self.lock.acquire()
             try:
+                reached(Step.LOCKED, self.instant_time)
                 completed = self._publish(metadata, payload, revert)
+                completion = completed.completion_time
+                reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
                 self._release_lock()
         except CommitStateUnknownError:
@@ -296,6 +303,7 @@ class Transaction:
         reverted = self._check_conflicts(metadata, timeline, revert)
         self.heartbeat.check()
         self.lock.check_held()
+        reached(Step.CHECKED, self.instant_time)
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
         try:
@@ -386,6 +394,8 @@ class Transaction:
     # -- abort -----------------------------------------------------------------------------------
     def abort(self, cause: BaseException | None = None) -> None:
         """Give up: delete the files this write created and mark the instant failed for the rollback."""
+        instant = self.instant.requested_time if self.instant else None
+        reached(Step.ABORTING, instant, cause=type(cause).__name__ if cause else None)
         if self.heartbeat is not None:
             self.heartbeat.mark_aborted(_abort_reason(cause))
         if self.planned is not None and not (self.instant and self.instant.is_completed):

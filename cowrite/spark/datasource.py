@@ -62,7 +62,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+from cowrite.engine.commit import complete
 from cowrite.engine.contract import conform, current_schema, fit
+from cowrite.engine.operations import Operation, prepare
 from cowrite.errors import ConfigError, LeaseLostError, TableExistsError, TableNotFoundError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
@@ -70,7 +72,6 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.local.writer import LocalWriter, Operation
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.spark.append import (
@@ -280,7 +281,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
     options = WriteOptions(config=config)
     current = current_schema(table)
     fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
-    LocalWriter(table, options)._prepare(fitted.target.empty_table(), Operation.INSERT, "input", current)
+    prepare(table, fitted.target.empty_table(), Operation.INSERT, "input", current)
     transaction = Transaction.begin(table, operation, Action.COMMIT, options)
     assert transaction.heartbeat is not None
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
@@ -337,7 +338,7 @@ class CowriteWriter(DataSourceArrowWriter):
         stats = _stats(messages)
         delete_unreported(table.storage, ticket.instant, stats)
         metadata = CommitMetadata(ticket.operation, tuple(stats), {}, self.commit_schema)
-        _adopt(table, ticket, metadata).commit(metadata)
+        complete(_adopt(table, ticket, metadata), metadata)
         delete_markers(table.storage, ticket.instant)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:

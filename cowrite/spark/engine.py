@@ -81,7 +81,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from cowrite.engine.commit import complete, write_instant
 from cowrite.engine.contract import current_schema, fit, latest_schema
+from cowrite.engine.operations import Operation, prepare
 from cowrite.engine.planning import FILE_ID, SizingPolicy, estimate_record_bytes
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.errors import CommitStateUnknownError, ConfigError, CowriteError
@@ -91,7 +93,6 @@ from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.local.writer import LocalWriter, Operation
 from cowrite.protocol.conflict import with_inserted_keys
 from cowrite.protocol.transaction import Transaction, WriteOptions, retry_on_conflict
 from cowrite.spark.append import (
@@ -273,9 +274,7 @@ class SparkWriter:
         current = current_schema(self.table)
         delete = operation is SparkOperation.DELETE
         fitted = fit(to_arrow_schema(df.schema, timezone=zone), current, self.table, delete, self.source)
-        LocalWriter(self.table, self.options)._prepare(  # key and partition checks, at once
-            fitted.target.empty_table(), operation.local, self.source, current
-        )
+        prepare(self.table, fitted.target.empty_table(), operation.local, self.source, current)  # key checks
         columns = [
             (F.col(f.name) if f.name in df.columns else F.lit(None))
             .cast(from_arrow_type(f.type))
@@ -329,7 +328,7 @@ class SparkWriter:
         self.metrics.file_groups = len(stats)
         self.metrics.routed_file_groups = sum(1 for s in stats if s.prev_commit != "null")
         try:
-            done = transaction.commit(self._metadata(operation, stats, {}, schema))
+            done = complete(transaction, self._metadata(operation, stats, {}, schema))
         except CommitStateUnknownError:
             raise  # the files may be committed: only a look at the timeline can tell
         except BaseException:
@@ -479,20 +478,19 @@ class SparkWriter:
 
     # -- one instant ---------------------------------------------------------------------------------
     def _write_once(self, prepared: _Prepared, operation: SparkOperation) -> Instant:
-        transaction = Transaction.begin(self.table, operation.value, operation.action, self.options)
-        release: list[DataFrame] = []
-        try:
-            metadata = self._merge(transaction, prepared, operation, release)
+        def write(transaction: Transaction) -> CommitMetadata:
+            release: list[DataFrame] = []
+            try:
+                metadata = self._merge(transaction, prepared, operation, release)
+            finally:
+                for frame in release:
+                    frame.unpersist()
             if self.config.get(keys.CONFLICT_ON_RECORD_KEYS):  # rivals compare their new keys with these
                 metadata = with_inserted_keys(self.table, metadata, transaction.instant_time)
             transaction.check_alive()
-        except BaseException as exc:
-            transaction.abort(exc)
-            raise
-        finally:
-            for frame in release:
-                frame.unpersist()
-        return transaction.commit(metadata)
+            return metadata
+
+        return write_instant(self.table, operation.value, operation.action, self.options, write)
 
     def _sizing(self, view: FileSystemView, prepared: _Prepared, partitions: Sequence[str]) -> SizingPolicy:
         """File sizes of the plan; the whole rows that follow go to Python in batches fitted to them."""

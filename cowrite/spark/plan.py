@@ -27,10 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cowrite.engine.file_group import FileGroupWrite
-from cowrite.engine.planning import SizingPolicy, assign_inserts
+from cowrite.engine.planning import SizingPolicy, assign_inserts, planned_stat
 from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.fs_view import BaseFile, FileSystemView
-from cowrite.local.writer import _planned
 from cowrite.spark.tasks import BucketWrite, Count, Segments
 
 _MASK = 0xFFFFFFFF
@@ -94,7 +93,7 @@ class SparkPlan:
         return sorted(self.buckets)
 
     def planned_stats(self) -> list[WriteStat]:
-        return [_planned(b.write) for _, b in sorted(self.buckets.items(), key=lambda item: item[1].task)]
+        return [planned_stat(b.write) for _, b in sorted(self.buckets.items(), key=lambda item: item[1].task)]
 
 
 class _Builder:

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cowrite import steps
 from cowrite.cli import cli
-from cowrite.format.instant import Instant
-from cowrite.protocol.transaction import Transaction
+from cowrite.steps import Step
 
 
 def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, timeout: float) -> None:
@@ -40,21 +40,17 @@ def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, ti
 
 
 def install_barrier(directory: Path, name: str, peers: int, timeout: float, began: list[str]) -> None:
-    original_begin = Transaction._begin
-    original_commit = Transaction.commit
+    """Commit in rounds with the peers: each waits at :data:`Step.WRITTEN` until all have written."""
     commits = [0]
 
-    def _begin(self: Transaction) -> None:
-        original_begin(self)
-        began.append(self.instant_time)
+    def observer(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is Step.CLAIMED and details["action"] in ("commit", "replacecommit"):
+            began.append(instant or "")
+        elif step is Step.WRITTEN:
+            wait_for_peers(directory, commits[0], name, peers, timeout)
+            commits[0] += 1
 
-    def commit(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
-        wait_for_peers(directory, commits[0], name, peers, timeout)
-        commits[0] += 1
-        return original_commit(self, metadata, *args, **kwargs)
-
-    Transaction._begin = _begin  # type: ignore[method-assign]
-    Transaction.commit = commit  # type: ignore[method-assign]
+    steps.observe_forever(observer)
 
 
 def start_spark() -> Any:

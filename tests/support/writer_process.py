@@ -11,18 +11,18 @@ such object); each key becomes a row ``id=key, part=partition, ts, value``. With
 commits N instants one after another, the keys of round ``r`` suffixed ``-r<r>``. ``--batch-file`` takes a
 parquet file instead (every round writes it unchanged).
 
-**Fault injection** (``--pause-at STEP``) wraps cowrite's functions *inside this process only*; production
-code has no hooks. At STEP the writer writes ``--ready-file`` (JSON: pid, step, instant) and then waits
-until ``--go-file`` exists (forever when none is given: the test kills it there). Steps, in protocol order:
+**Fault injection** (``--pause-at STEP``) observes the protocol's steps (:mod:`cowrite.steps`) in this
+process: at STEP the writer writes ``--ready-file`` (JSON: pid, step, instant) and then waits until
+``--go-file`` exists (forever when none is given: the test kills it there). Steps, in protocol order:
 
 ============  ====================================================================================
 claimed       holding the table lock to begin: ``.requested`` just created, no heartbeat yet
-              (return of Table.claim_instant)
-requested     ``.requested`` exists, heartbeat running, nothing planned (entry of Transaction.plan)
+              (``Step.CLAIMED``)
+requested     ``.requested`` exists, heartbeat running, nothing planned (``Step.REQUESTED``)
 mid-write     ``.inflight`` planned, the first base file written, the others not (needs 2+ groups)
-written       every base file written, commit not started, lock not held (entry of Transaction.commit)
-locked        holding the table lock for the commit (entry of Transaction._publish)
-published     the completed instant exists, the lock is still held (return of Transaction._publish)
+written       every base file written, commit not started, lock not held (``Step.WRITTEN``)
+locked        holding the table lock for the commit (``Step.LOCKED``)
+published     the completed instant exists, the lock is still held (``Step.PUBLISHED``)
 ============  ====================================================================================
 
 ``--fail-at lock-rescan`` injects a storage failure instead of a pause: the listing a filesystem lock makes
@@ -54,6 +54,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cowrite import steps
 from cowrite.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_LEASE_LOST, EXIT_LOCK_TIMEOUT, EXIT_UNKNOWN
 from cowrite.errors import (
     CommitStateUnknownError,
@@ -64,17 +65,15 @@ from cowrite.errors import (
     WriteConflictError,
 )
 from cowrite.format import config as keys
-from cowrite.format.instant import Instant
 from cowrite.format.table import Table
-from cowrite.local import writer as local
-from cowrite.local.writer import LocalWriter
+from cowrite.local.writer import LocalWriter, Operation
 from cowrite.protocol.locks import filesystem
-from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.steps import PAUSE_TIMED_OUT, Pause, Step
 from cowrite.storage.backend import Storage
 
-STEPS = ("claimed", "requested", "mid-write", "written", "locked", "published")
 FAILURES = ("lock-rescan",)
-EXIT_PAUSE_TIMEOUT = 9
+EXIT_PAUSE_TIMEOUT = PAUSE_TIMED_OUT
 
 _EXIT_CODES: list[tuple[type[CowriteError], int]] = [
     (WriteConflictError, EXIT_CONFLICT),
@@ -111,25 +110,6 @@ def wait_for(path: Path, timeout: float) -> None:
         time.sleep(0.005)
 
 
-class Pause:
-    """Stops the writer once, at one step, until the test releases it (or kills it)."""
-
-    def __init__(self, step: str | None, ready: Path | None, go: Path | None, timeout: float) -> None:
-        self.step, self.ready, self.go, self.timeout = step, ready, go, timeout
-        self.done = False
-
-    def at(self, step: str, instant: str) -> None:
-        if step != self.step or self.done:
-            return
-        self.done = True
-        if self.ready is not None:
-            write_atomically(self.ready, json.dumps({"pid": os.getpid(), "step": step, "instant": instant}))
-        if self.go is None:
-            time.sleep(self.timeout)
-            os._exit(EXIT_PAUSE_TIMEOUT)
-        wait_for(self.go, self.timeout)
-
-
 class Turns:
     """A fixed commit order among ``count`` writers: writer ``index`` commits at turn index + k * count."""
 
@@ -151,61 +131,19 @@ class Turns:
             self.round += 1
 
 
-def install_hooks(pause: Pause, turns: Turns, commit_log: Path | None, began: list[str]) -> None:
-    """Wrap cowrite's protocol steps in this process; see the module docstring for the steps."""
-    original_claim = Table.claim_instant
-    original_begin = Transaction._begin
-    original_plan = Transaction.plan
-    original_commit = Transaction.commit
-    original_publish = Transaction._publish
-    original_write = local.write_file_group
+def observe_steps(pause: Pause, turns: Turns, commit_log: Path | None) -> None:
+    """Pause, take turns and log commits at the protocol steps (:mod:`cowrite.steps`) of this process."""
 
-    def claim_instant(self: Table, *args: Any, **kwargs: Any) -> Instant:
-        instant = original_claim(self, *args, **kwargs)
-        pause.at("claimed", instant.requested_time)
-        return instant
+    def observer(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        pause(step, instant, details)
+        if step is Step.WRITTEN:
+            turns.wait()
+        elif step is Step.PUBLISHED and commit_log is not None:
+            lock_id = getattr(details["lock"], "lock_id", None)
+            entry = {"completion": details["completion"], "lock_id": lock_id, "wall": time.time()}
+            append_line(commit_log, {"pid": os.getpid(), "instant": instant, **entry})
 
-    def _begin(self: Transaction) -> None:
-        original_begin(self)
-        began.append(self.instant_time)
-
-    def plan(self: Transaction, *args: Any, **kwargs: Any) -> None:
-        pause.at("requested", self.instant_time)
-        original_plan(self, *args, **kwargs)
-
-    def write_file_group(*args: Any, **kwargs: Any) -> Any:
-        stat = original_write(*args, **kwargs)
-        pause.at("mid-write", str(args[2] if len(args) > 2 else kwargs["instant"]))
-        return stat
-
-    def commit(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
-        pause.at("written", self.instant_time)
-        turns.wait()
-        return original_commit(self, metadata, *args, **kwargs)
-
-    def _publish(self: Transaction, metadata: Any, *args: Any, **kwargs: Any) -> Instant:
-        pause.at("locked", self.instant_time)
-        done = original_publish(self, metadata, *args, **kwargs)
-        if commit_log is not None:
-            append_line(
-                commit_log,
-                {
-                    "pid": os.getpid(),
-                    "instant": done.requested_time,
-                    "completion": done.completion_time,
-                    "lock_id": getattr(self.lock, "lock_id", None),
-                    "wall": time.time(),
-                },
-            )
-        pause.at("published", self.instant_time)
-        return done
-
-    Table.claim_instant = claim_instant  # type: ignore[method-assign]
-    Transaction._begin = _begin  # type: ignore[method-assign]
-    Transaction.plan = plan  # type: ignore[method-assign]
-    Transaction.commit = commit  # type: ignore[method-assign]
-    Transaction._publish = _publish  # type: ignore[method-assign]
-    local.write_file_group = write_file_group
+    steps.observe_forever(observer)
 
 
 def inject_failure(failure: str, storage_class: type[Storage]) -> None:
@@ -266,7 +204,7 @@ def batch_table(spec: Any, round_number: int, rounds: int) -> pa.Table:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="writer_process", description=__doc__.split("\n\n")[0])
     parser.add_argument("uri", help="table base path (local path, s3://...)")
-    parser.add_argument("--operation", default="upsert", choices=[o.value for o in local.Operation])
+    parser.add_argument("--operation", default="upsert", choices=[o.value for o in Operation])
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--batch", help="JSON rows spec (see the module docstring)")
     data.add_argument("--batch-file", type=Path, help="a parquet file with the rows")
@@ -275,7 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-o", "--option", action="append", default=[], help="write setting KEY=VALUE")
     parser.add_argument("--storage-options", default="{}", help="JSON fsspec options (S3 endpoint, keys)")
     parser.add_argument("--clock-skew", type=float, default=0.0, help="seconds added to the writer's clock")
-    parser.add_argument("--pause-at", choices=STEPS)
+    parser.add_argument("--pause-at", choices=[step.value for step in Step])
     parser.add_argument("--fail-at", choices=FAILURES, help="inject a storage failure (see the docstring)")
     parser.add_argument("--ready-file", type=Path, help="written when the pause begins")
     parser.add_argument("--go-file", type=Path, help="the pause ends when this file exists")
@@ -308,12 +246,12 @@ def settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    began: list[str] = []
     commits: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"pid": os.getpid(), "began": began, "commits": commits, "error": None}
-    pause = Pause(args.pause_at, args.ready_file, args.go_file, args.pause_timeout)
+    summary: dict[str, Any] = {"pid": os.getpid(), "commits": commits, "error": None}
+    step = Step(args.pause_at) if args.pause_at else None
+    pause = Pause(step, args.go_file, args.ready_file, args.pause_timeout)
     turns = Turns(args.turn_dir, args.turn, args.turns, args.pause_timeout)
-    install_hooks(pause, turns, args.commit_log, began)
+    observe_steps(pause, turns, args.commit_log)
     code = 0
     try:
         table = Table.load(args.uri, **json.loads(args.storage_options))

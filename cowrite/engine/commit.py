@@ -1,0 +1,47 @@
+"""The one commit path: how every engine's write becomes a completed instant.
+
+The local engine, the Spark engine and the Spark data source all end here, so a rule of the protocol
+that applies to every write — today, that an ingestion which lost to a completed clustering reverts it
+under ``hoodie.clustering.updates.strategy=allow`` — is applied once, and the engines cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cowrite.engine.clustering import revert_clusterings
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Action, Instant
+from cowrite.format.table import Table
+from cowrite.protocol.transaction import Transaction, WriteOptions
+
+
+def write_instant(
+    table: Table,
+    operation: str,
+    action: Action,
+    options: WriteOptions,
+    write: Callable[[Transaction], CommitMetadata],
+) -> Instant:
+    """Begin a transaction, let ``write`` write its base files and return their commit metadata, then
+    :func:`complete` it.
+
+    Whatever ``write`` raises aborts the transaction (its planned files are deleted, its heartbeat marks
+    it failed for the rollback) and propagates; so do :meth:`Transaction.begin`'s and the commit's errors.
+    """
+    transaction = Transaction.begin(table, operation, action, options)
+    try:
+        metadata = write(transaction)
+    except BaseException as exc:
+        transaction.abort(exc)
+        raise
+    return complete(transaction, metadata)
+
+
+def complete(transaction: Transaction, metadata: CommitMetadata) -> Instant:
+    """Commit ``metadata``, reverting the completed clusterings it lost to where the table lets
+    ingestion win (:func:`~cowrite.engine.clustering.revert_clusterings`); raises as
+    :meth:`Transaction.commit` does, which aborts the transaction on every error but
+    :class:`CommitStateUnknownError`."""
+    written = {(s.partition_path, s.file_id): s.path for s in metadata.write_stats}
+    return transaction.commit(metadata, revert=revert_clusterings(transaction.table, written))
