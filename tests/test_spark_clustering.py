@@ -49,8 +49,8 @@ def test_clustering_runs_its_rewrites_as_spark_tasks(spark: Any, tmp_path: Path)
 
 def test_a_spark_upsert_that_lost_to_a_completed_clustering_reverts_it(spark: Any, tmp_path: Path) -> None:
     """RFC-22's example on the Spark engine: clustering f1,f2,f3 -> g1 is planned and completes while the
-    upsert of f1, begun before, plans its files (the plan names f1: no clustering would take it then); under the default update strategy (allow) the upsert commits and reverts it, as the
-    local engine's does (tests/test_clustering.py): both end in the one commit path."""
+    upsert of f1, begun before, plans its files; under the default update strategy (allow) the upsert
+    commits and reverts it, as the local engine's does (tests/test_clustering.py): one commit path."""
     table = Table.create(
         str(tmp_path / "t"),
         name="t",

@@ -25,23 +25,57 @@ import hmac
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
 
+from cowrite.daemon.config import DaemonConfig
+from cowrite.daemon.follow import TimelineFollower
+from cowrite.daemon.metrics import TableStatus
 from cowrite.errors import CowriteError
 from cowrite.format.instant import check_time
+from cowrite.format.overlay import Overlay
+from cowrite.format.table import Table
 from cowrite.protocol.locks.filesystem import current_lock
-
-if TYPE_CHECKING:
-    from cowrite.daemon.service import Daemon, TableService
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096
+
+
+class TableService(Protocol):
+    """What the endpoint reads of a served table (the daemon's :class:`~.service.TableService`)."""
+
+    @property
+    def status(self) -> TableStatus: ...
+    @property
+    def table(self) -> Table | None: ...
+    @property
+    def follower(self) -> TimelineFollower | None: ...
+    @property
+    def overlay(self) -> Overlay | None: ...
+    def poll(self) -> None: ...
+    def clean(self) -> None: ...
+
+
+class Daemon(Protocol):
+    """What the endpoint reads of the daemon (:class:`~.service.Daemon`, which starts the endpoint)."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def services(self) -> Sequence[TableService]: ...
+
+    def service(self, name: str) -> TableService | None: ...
 
 
 def _status_json(service: TableService) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.server import ThreadingHTTPServer
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,7 @@ from cowrite.cleaner import archive, clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import collect_heartbeats, planned_files
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.follow import TimelineFollower
+from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import DaemonMetrics, TableStatus
 from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
 from cowrite.format import config as keys
@@ -277,7 +279,7 @@ class Daemon:
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )
-        self.http: object | None = None
+        self.http: ThreadingHTTPServer | None = None
         self._stopped = threading.Event()
 
     def statuses(self) -> list[TableStatus]:
@@ -305,8 +307,6 @@ class Daemon:
             )
         self.scheduler.start()
         if serve_http:
-            from cowrite.daemon.http import serve
-
             self.http = serve(self, self.config.host, self.config.port)
         log.info("serving %d tables", len(self.services))
 
@@ -318,8 +318,8 @@ class Daemon:
         if self.scheduler.running:  # not when asked to stop before it started
             self.scheduler.shutdown(wait=True)
         if self.http is not None:
-            self.http.shutdown()  # type: ignore[attr-defined]
-            self.http.server_close()  # type: ignore[attr-defined]
+            self.http.shutdown()
+            self.http.server_close()
         log.info("stopped")
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -18,7 +18,7 @@ import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jproperties import Properties
 
@@ -39,9 +39,6 @@ from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
-
-if TYPE_CHECKING:
-    from cowrite.protocol.locks import TableLock
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +65,13 @@ def parse_properties(data: bytes, path: str) -> dict[str, str]:
         raise InvalidTablePropertiesError(f"{path} is not a readable properties file: {exc}") from None
     return {name: value.data for name, value in properties.items()}
 
+
+
+class HeldLock(Protocol):
+    """The table lock as a claim needs it (:class:`~cowrite.protocol.locks.TableLock` is one)."""
+
+    def check_held(self) -> None:
+        """Raise :class:`LeaseLostError` unless this process still holds the lock."""
 
 class Table:
     """An existing table. Cheap to create; :meth:`timeline` lists the timeline each call."""
@@ -228,7 +232,7 @@ class Table:
         now_millis: int,
         plan: bytes | Callable[[str], bytes] = b"",
         *,
-        lock: TableLock,
+        lock: HeldLock,
     ) -> Instant:
         """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
 
