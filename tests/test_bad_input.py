@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cowrite import process
 from cowrite.errors import (
     CommitFailedError,
     CommitStateUnknownError,
@@ -19,7 +20,7 @@ from cowrite.errors import (
 )
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.format.table import PROPERTIES_FILE, Table, _read_commit_metadata, format_properties
+from cowrite.format.table import PROPERTIES_FILE, Table, format_properties
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
@@ -151,7 +152,7 @@ def corrupt(table: Table, instant: Instant, how: str) -> str:
     path = table.instant_path(instant)
     data = table.storage.read(path)
     table.storage.write(path, data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 3)
-    _read_commit_metadata.cache_clear()  # as a new process would read it: completed files never change
+    process.forget()  # as a new process would read it: completed files never change
     return table.storage.full_path(path)
 
 

@@ -19,9 +19,10 @@ import pytest
 from support import hudi_rs
 from support.servers import S3Server
 
+from cowrite import process
 from cowrite.errors import CorruptTimelineError
 from cowrite.format.instant import Instant
-from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 
@@ -35,7 +36,7 @@ def _damage(table: Table, instant: Instant, how: str) -> str:
     data = table.storage.read(path)
     table.storage.write(path, data[:20] if how == "truncated" else bytes(len(data)))  # zeros: the right size
     # Completed files never change, so a process keeps what it parsed; read on as a new process would.
-    _read_commit_metadata.cache_clear()
+    process.forget()
     return table.storage.full_path(path)
 
 

@@ -11,13 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cowrite import process
 from cowrite.cleaner import service_lock
 from cowrite.cleaner.archive import archive
 from cowrite.cleaner.rollback import _finish, _start
 from cowrite.errors import InstantGoneError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, State
-from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
@@ -70,7 +71,7 @@ def test_a_committer_passes_a_rollback_archived_after_its_listing(table: Table) 
 def test_a_vanished_plan_is_a_typed_error(table: Table) -> None:
     LocalWriter(table).insert(_rows(1))
     [commit] = list(table.timeline())
-    _read_commit_metadata.cache_clear()  # as a process that had not read it yet
+    process.forget()  # as a process that had not read it yet
     _removed_before_read(table, lambda path: commit.file_name in path)
     with pytest.raises(InstantGoneError, match="reload the timeline and retry"):
         table.commit_metadata(commit)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import io
 import json
 import os
-from functools import lru_cache
 from typing import Any
 
 import fastavro
 from fastavro.read import HEADER_SCHEMA, MAGIC, SYNC_SIZE
+
+from cowrite.process import keep, memo
 
 _HEADER = fastavro.parse_schema(HEADER_SCHEMA)
 
@@ -70,12 +71,19 @@ def _read(stream: io.BytesIO, schema: Any) -> Any:
     return fastavro.schemaless_reader(stream, schema, None)
 
 
-@lru_cache(maxsize=64)
+@memo(64, "a pure parse of the few Avro schemas of the timeline")
 def _parsed(schema_text: bytes) -> Any:
     return fastavro.parse_schema(json.loads(schema_text))
 
 
 _headers: dict[int, tuple[Any, bytes]] = {}
+keep(
+    f"{__name__}._headers",
+    "one per parsed schema",
+    "an Avro file header depends only on its schema",
+    size=lambda: len(_headers),
+    clear=_headers.clear,
+)
 
 
 def _header_without_sync(schema: Any) -> bytes:

@@ -17,9 +17,9 @@ import enum
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import lru_cache
 
 from cowrite.errors import CowriteError
+from cowrite.process import memo
 
 _TIME = re.compile(r"[0-9]{17}")
 
@@ -58,7 +58,7 @@ def check_time(time: str) -> str:
     return _checked(time)
 
 
-@lru_cache(maxsize=1 << 16)  # an instant's three files, and every load of a timeline, repeat its times
+@memo(1 << 16, "a pure check; an instant's three files, and every load of a timeline, repeat its times")
 def _checked(time: str) -> str:
     if not _TIME.fullmatch(time):
         raise InvalidInstantError(f"{time!r} is not an instant time (yyyyMMddHHmmssSSS, 17 digits)")
@@ -153,8 +153,7 @@ class Instant:
         return self.file_name
 
 
-# Writers list the timeline several times per commit and see the same names again and again.
-@lru_cache(maxsize=1 << 16)
+@memo(1 << 16, "a pure parse; writers list the timeline several times per commit and see the same names")
 def _parse(file_name: str) -> Instant:
     times, _, suffix = file_name.partition(".")
     parts = suffix.split(".")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
 from typing import Any, Protocol
 
 from jproperties import Properties
@@ -37,6 +36,7 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.process import memo
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
 
@@ -358,16 +358,16 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
         raise InstantGoneError(storage.full_path(path)) from None
 
 
-@lru_cache(maxsize=4096)
+@memo(4096, "a completed commit file is never rewritten; every later writer's conflict check reads it")
 def _read_commit_metadata(storage: Storage, path: str) -> CommitMetadata:
     return CommitMetadata.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
 
 
-@lru_cache(maxsize=1024)
+@memo(1024, "a clean plan is written once, with its claim, and never rewritten")
 def _read_clean_plan(storage: Storage, path: str) -> CleanPlan:
     return CleanPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))
 
 
-@lru_cache(maxsize=1024)
+@memo(1024, "a rollback plan is written once, with its claim, and never rewritten")
 def _read_rollback_plan(storage: Storage, path: str) -> RollbackPlan:
     return RollbackPlan.from_bytes(_read_timeline_file(storage, path), storage.full_path(path))

@@ -13,12 +13,13 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import cached_property, partial
 from itertools import compress
 from operator import attrgetter, is_, itemgetter
 
 from cowrite.errors import CorruptTimelineError
 from cowrite.format.instant import Action, Instant, InvalidInstantError, State, check_time
+from cowrite.process import keep, memo
 from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,13 @@ class _Load:
 
 
 _loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()
+keep(
+    f"{__name__}._loads",
+    "the last load of each live Storage (weakly held)",
+    "the next load of a timeline parses only the names it had not listed before",
+    size=lambda: len(_loads),
+    clear=_loads.clear,
+)
 
 
 def archived(storage: Storage) -> Timeline:
@@ -233,9 +241,8 @@ def archived(storage: Storage) -> Timeline:
     return Timeline(i for info in storage.list(ARCHIVE_DIR) for i in _archived_in(storage, info.path))
 
 
-@lru_cache(maxsize=1024)
+@memo(1024, "archive files are written once and never changed")
 def _archived_in(storage: Storage, path: str) -> tuple[Instant, ...]:
-    # archive files are written once and never changed
     try:
         records = json.loads(storage.read(path))
         return tuple(Instant.parse(record["file"]) for record in records)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from cowrite.errors import CowriteError, LeaseLostError
 from cowrite.format import config as keys
 from cowrite.format.config import Config
+from cowrite.process import keep
 from cowrite.steps import Step, reached
 from cowrite.storage.backend import Storage
 
@@ -228,6 +229,13 @@ class _Renewals:
 
 
 _renewals = _Renewals()
+keep(
+    f"{__name__}._renewals",
+    "one scheduling thread and a pool of 4, started with the first heartbeat",
+    "a thread per instant would cost more than a commit",
+    size=lambda: len(_renewals._due),
+    clear=None,
+)
 
 
 def _renew_anew_after_fork() -> None:

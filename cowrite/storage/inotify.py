@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 
+from cowrite.process import keep
+
 log = logging.getLogger(__name__)
 
 _IN_MOVED_FROM = 0x40
@@ -64,6 +66,13 @@ class _PerThread(threading.local):
 
 
 _per_thread = _PerThread()
+keep(
+    f"{__name__}._per_thread",
+    "one inotify instance per thread that waited on a local file",
+    "closing an instance makes the kernel wait a grace period, which a lock waiter would pay per acquire",
+    size=lambda: int(_per_thread.fd is not None),
+    clear=None,
+)
 
 
 def _inotify() -> int | None:
@@ -281,6 +290,12 @@ class Listings:
                 listing.snapshot = frozenset(listing.names)
             return listing.snapshot
 
+    def forget_all(self) -> None:
+        """Drop every kept listing (the next call lists afresh); the inotify instance stays."""
+        with self._lock:
+            for listing in list(self._by_directory.values()):
+                self._forget(listing)
+
     def _instance(self) -> int | None:
         if self._fd is None and not self._failed and _libc is not None:
             fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -344,3 +359,10 @@ class Listings:
 
 
 listings = Listings()
+keep(
+    f"{__name__}.listings",
+    f"{Listings.MAX_DIRECTORIES:,} directories, least recently used dropped",
+    "the kernel reports every change to a watched local directory, so its listing stays current",
+    size=lambda: len(listings._by_directory),
+    clear=listings.forget_all,
+)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from types import TracebackType
 
 from cowrite.errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.process import keep
 from cowrite.protocol.retry import RetryPolicy
 
 
@@ -128,3 +129,12 @@ class InProcessLock(TableLock):
     @property
     def is_held(self) -> bool:
         return self._held
+
+
+keep(
+    f"{__name__}.InProcessLock",
+    "one lock per table this process locked in-process",
+    "threads of one process share the lock of a table",
+    size=lambda: len(InProcessLock._locks),
+    clear=None,
+)

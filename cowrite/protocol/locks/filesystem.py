@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
-from functools import lru_cache
 
 from cowrite.errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.process import memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder, TableLock
 from cowrite.protocol.retry import RetryPolicy
@@ -81,7 +81,7 @@ def _scan(storage: Storage) -> _LockFiles:
     return _lock_files(storage.watched_names(LOCK_DIR))
 
 
-@lru_cache(maxsize=16)  # a listing kept current is the same object until the directory changes
+@memo(16, "pure; a kept listing is the same object until the lock directory changes")
 def _lock_files(names: frozenset[str]) -> _LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
@@ -92,7 +92,7 @@ def _lock_files(names: frozenset[str]) -> _LockFiles:
     return _LockFiles(frozenset(acquired), frozenset(released))
 
 
-@lru_cache(maxsize=1024)  # contenders list the same few names on every try
+@memo(1024, "pure; contenders list the same few names on every try")
 def _parse_lock_file(name: str) -> tuple[int, bool] | None:
     """(id, whether it is a release) of a lock file's name, None for any other name."""
     match = _LOCK_FILE.fullmatch(name)
