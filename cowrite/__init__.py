@@ -8,21 +8,99 @@ can be stopped) before pyarrow is imported.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time the names resolve on first use
-    from cowrite.api import *  # noqa: F403
+    from cowrite.api import (
+        Instant,
+        LocalWriter,
+        Operation,
+        Pull,
+        PullMode,
+        Table,
+        Timeline,
+        WriteOptions,
+        create,
+        delete,
+        incremental,
+        insert,
+        insert_overwrite,
+        load,
+        pull,
+        snapshot,
+        timeline,
+        upsert,
+        write,
+    )
+    from cowrite.errors import (
+        BaseFileGoneError,
+        CheckpointArchivedError,
+        CommitFailedError,
+        CommitStateUnknownError,
+        ConfigError,
+        CorruptTimelineError,
+        CowriteError,
+        InstantGoneError,
+        InvalidTablePropertiesError,
+        LeaseLostError,
+        LockTimeoutError,
+        SchemaError,
+        StorageError,
+        TableExistsError,
+        TableNotFoundError,
+        TimeTravelCleanedError,
+        WriteConflictError,
+    )
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "BaseFileGoneError",
+    "CheckpointArchivedError",
+    "CommitFailedError",
+    "CommitStateUnknownError",
+    "ConfigError",
+    "CorruptTimelineError",
+    "CowriteError",
+    "Instant",
+    "InstantGoneError",
+    "InvalidTablePropertiesError",
+    "LeaseLostError",
+    "LocalWriter",
+    "LockTimeoutError",
+    "Operation",
+    "Pull",
+    "PullMode",
+    "SchemaError",
+    "StorageError",
+    "Table",
+    "TableExistsError",
+    "TableNotFoundError",
+    "TimeTravelCleanedError",
+    "Timeline",
+    "WriteConflictError",
+    "WriteOptions",
+    "create",
+    "delete",
+    "incremental",
+    "insert",
+    "insert_overwrite",
+    "load",
+    "pull",
+    "snapshot",
+    "timeline",
+    "upsert",
+    "write",
+]
+
 
 def __getattr__(name: str) -> Any:
-    api = importlib.import_module("cowrite.api")
-    if name in api.__all__:
-        return getattr(api, name)
-    raise AttributeError(f"module 'cowrite' has no attribute {name!r}")
+    if name not in __all__:  # a submodule, or a mistake: never a reason to import the API
+        raise AttributeError(f"module 'cowrite' has no attribute {name!r}")
+    import cowrite.api
+
+    return getattr(cowrite.api, name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *importlib.import_module("cowrite.api").__all__])
+    return sorted([*globals(), *__all__])

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from cowrite.engine.operations import Operation
-from cowrite.errors import (
+from cowrite.errors import (  # noqa: F401  (re-exported as cowrite.<Error>)
     BaseFileGoneError,
     CheckpointArchivedError,
     CommitFailedError,
@@ -50,45 +50,6 @@ from cowrite.local import read
 from cowrite.local.read import Pull, PullMode
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import WriteOptions
-
-__all__ = [
-    "BaseFileGoneError",
-    "CheckpointArchivedError",
-    "CommitFailedError",
-    "CommitStateUnknownError",
-    "ConfigError",
-    "CorruptTimelineError",
-    "CowriteError",
-    "Instant",
-    "InstantGoneError",
-    "InvalidTablePropertiesError",
-    "LeaseLostError",
-    "LocalWriter",
-    "LockTimeoutError",
-    "Operation",
-    "Pull",
-    "PullMode",
-    "SchemaError",
-    "StorageError",
-    "Table",
-    "TableExistsError",
-    "TableNotFoundError",
-    "TimeTravelCleanedError",
-    "Timeline",
-    "WriteConflictError",
-    "WriteOptions",
-    "create",
-    "delete",
-    "incremental",
-    "insert",
-    "insert_overwrite",
-    "load",
-    "pull",
-    "snapshot",
-    "timeline",
-    "upsert",
-    "write",
-]
 
 
 def create(

@@ -10,6 +10,7 @@ from typing import Any
 import fsspec
 import pytest
 from support.servers import S3Server, ZooKeeperServer
+from support.spark import local_session
 
 from cowrite.storage.backend import Storage
 
@@ -67,25 +68,7 @@ def spark() -> Iterator[Any]:
 
     Executors use this virtualenv's Python (pyarrow, cowrite) and bind the loopback interface only.
     """
-    import os
-    import sys
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("cowrite-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session(2, "1g")
     yield session
     session.stop()
 

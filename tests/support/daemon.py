@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,10 +34,10 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.filesystem import read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
+from support import TESTS
 
 from . import hudi_rs, writer_process
 
-TESTS = Path(__file__).resolve().parent.parent
 WORKER = Path(writer_process.__file__)
 
 POLL = 0.1  # the daemon's poll interval in these tests (S3: 0.25 s; moto answers one request at a time)
@@ -104,15 +103,6 @@ class Target:
         return TableEntry(self.uri, settings=self.settings, **kwargs)
 
 
-def rows(ids: list[str], part: str = "p0", ts: int = 1, value: str = "v") -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.string()),
-            "part": pa.array([part] * len(ids), pa.string()),
-            "ts": pa.array([ts] * len(ids), pa.int64()),
-            "value": pa.array([value] * len(ids), pa.string()),
-        }
-    )
 
 
 def writer(table: Table) -> LocalWriter:

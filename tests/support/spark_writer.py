@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 from cowrite import steps
 from cowrite.cli import cli
 from cowrite.steps import Step
+from support.spark import local_session
 
 
 def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, timeout: float) -> None:
@@ -54,22 +54,7 @@ def install_barrier(directory: Path, name: str, peers: int, timeout: float, bega
 
 
 def start_spark() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .appName("cowrite-spark-writer")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.default.parallelism", "1")
-        .config("spark.driver.memory", "512m")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_session(1, "512m", "cowrite-spark-writer")
 
 
 def run_command(arguments: list[str]) -> int:

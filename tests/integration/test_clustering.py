@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support import hudi_rs
+from support import TESTS, hudi_rs
+from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.engine.clustering import execute_clustering, schedule_clustering
@@ -176,14 +177,7 @@ def test_cleaning_keeps_clustering_inputs_while_a_revert_is_possible(tmp_path: P
 def test_a_writer_process_reverts_a_clustering_that_completed_while_it_wrote(tmp_path: Path) -> None:
     """The same example with a real writer process: it begins, the clustering plans and completes,
     then the writer writes its update and commits."""
-    table = Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["part"],
-        ordering_fields=["ts"],
-        properties={"hoodie.parquet.small.file.limit": "0"},
-    )
+    table = new_table(tmp_path / "t", properties={"hoodie.parquet.small.file.limit": "0"})
     writer = LocalWriter(table)
     for key in ("k0", "k1", "k2"):
         writer.insert(pa.table({"id": [key], "part": ["a"], "ts": [1], "value": ["old"]}))
@@ -204,7 +198,7 @@ def test_a_writer_process_reverts_a_clustering_that_completed_while_it_wrote(tmp
             "--go-file",
             str(go),
         ],
-        cwd=Path(__file__).parent,
+        cwd=TESTS,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

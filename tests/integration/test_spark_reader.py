@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from support import hudi_rs
 from support.hudi_rs import rows
+from support.tables import frame
 
 from cowrite.cleaner import clean, service_lock
 from cowrite.errors import BaseFileGoneError, CorruptTimelineError, TimeTravelCleanedError
@@ -23,12 +24,6 @@ from cowrite.storage.backend import Storage
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
 
-def frame(*records: tuple[Any, ...]) -> pa.Table:
-    ids, ps, ts, vs = zip(*records, strict=True)
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
-    })  # fmt: skip
 
 
 def writer(table: Table) -> LocalWriter:

@@ -19,24 +19,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import hudi_rs
+from support import TESTS, hudi_rs
 from support.hudi_rs import rows
+from support.tables import frame
 
 from cowrite.format.fs_view import list_base_files
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
-
-TESTS = Path(__file__).parent
-
-
-def frame(*records: tuple[Any, ...]) -> pa.Table:
-    ids, ps, ts, vs = zip(*records, strict=True)
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
-    })  # fmt: skip
-
 
 INITIAL = frame((1, "old-1", 1, "initial"), (2, "old-1", 1, "initial"), (3, "old-2", 1, "initial"),
                 (4, "old-2", 1, "initial"))  # fmt: skip

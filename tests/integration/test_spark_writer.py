@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from support import hudi_rs
 from support.hudi_rs import Row, rows
 from support.servers import S3Server
+from support.tables import frame
 
 from cowrite.cli import cli
 from cowrite.engine.file_group import read_base_file
@@ -46,12 +47,6 @@ from cowrite.spark.tasks import BUCKET, POSITION, TASK, AssignBuckets, AttachRou
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
 
-def frame(*records: tuple[Any, ...]) -> pa.Table:
-    ids, ps, ts, vs = zip(*records, strict=True) if records else ((), (), (), ())
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
-    })  # fmt: skip
 
 
 def keys_only(*ids: int) -> pa.Table:

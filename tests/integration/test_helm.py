@@ -24,8 +24,8 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CHART_DIR = ROOT / "helm" / "cowrite-daemon"
 CI_DIR = CHART_DIR / "ci"
 KUBE_VERSION = "1.34.0"

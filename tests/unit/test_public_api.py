@@ -43,6 +43,7 @@ def test_a_table_written_and_read_through_the_public_api(tmp_path: Path) -> None
     with pytest.raises(cowrite.TableNotFoundError):
         cowrite.load(str(tmp_path / "none"))
     assert issubclass(cowrite.WriteConflictError, cowrite.CowriteError)
+    assert all(getattr(cowrite, name) is not None for name in cowrite.__all__)
 
 
 def test_settings_apply_to_one_write(tmp_path: Path) -> None:
@@ -66,6 +67,9 @@ def test_the_import_paths_earlier_readmes_documented_still_work() -> None:
 
 def test_import_cowrite_loads_nothing_slow() -> None:
     """``python -m cowrite`` catches SIGTERM before anything slow is imported (test_daemon_startup)."""
-    probe = "import sys, cowrite; print([m for m in ('pyarrow', 'fsspec', 'pyspark') if m in sys.modules])"
+    probe = (
+        "import sys, cowrite, cowrite.shutdown; from cowrite import steps, process; "
+        "print([m for m in ('pyarrow', 'fsspec', 'pyspark') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

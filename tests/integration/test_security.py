@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from support import ROOT
+from support.tables import new_table, rows
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.daemon.config import DaemonConfig, TableEntry
@@ -48,7 +49,7 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.storage.backend import Storage
 
-SOURCE = Path(__file__).resolve().parents[1] / "cowrite"
+SOURCE = ROOT / "cowrite"
 SETTINGS = {
     keys.HEARTBEAT_INTERVAL_MS.key: "200",
     keys.HEARTBEAT_TOLERABLE_MISSES.key: "2",
@@ -57,27 +58,11 @@ SETTINGS = {
 POLICY = HeartbeatPolicy(0.2, 2)
 
 
-def rows(ids: list[str], part: str = "p0", ts: int = 1) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.string()),
-            "part": pa.array([part] * len(ids), pa.string()),
-            "ts": pa.array([ts] * len(ids), pa.int64()),
-            "value": pa.array(["v"] * len(ids), pa.string()),
-        }
-    )
 
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(
-        str(tmp_path / "table"),
-        name="orders",
-        record_key_fields=["id"],
-        partition_fields=["part"],
-        ordering_fields=["ts"],
-        properties=SETTINGS,
-    )
+    return new_table(tmp_path / "table", name="orders", properties=SETTINGS)
 
 
 @pytest.fixture
@@ -432,9 +417,9 @@ def test_only_the_conflict_strategy_is_ever_imported_by_name() -> None:
                     imports.append(path.relative_to(SOURCE).as_posix())
                 if name == "strategy_named":
                     strategy_calls.append((path.relative_to(SOURCE).as_posix(), ast.unparse(node)))
-    assert imports == ["timeline/conflict.py"]
+    assert imports == ["protocol/conflict.py"]
     assert strategy_calls == [
-        ("timeline/transaction.py", "strategy_named(options.config.get(keys.CONFLICT_STRATEGY))")
+        ("protocol/transaction.py", "strategy_named(options.config.get(keys.CONFLICT_STRATEGY))")
     ]
 
 

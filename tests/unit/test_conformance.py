@@ -23,6 +23,7 @@ import pytest
 from support import hudi_rs
 from support.hudi_rs import Row, rows
 from support.servers import S3Server
+from support.tables import frame
 
 from cowrite.engine.file_group import FileGroupWrite, read_base_file, write_file_group
 from cowrite.engine.planning import new_file_id
@@ -53,12 +54,6 @@ class Scenario:
     orphan_rows: list[Row] = field(default_factory=list)  # rows only those files hold
 
 
-def frame(*records: tuple[Any, ...]) -> pa.Table:
-    ids, ps, ts, vs = zip(*records, strict=True)
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
-    })  # fmt: skip
 
 
 def writer(table: Table) -> LocalWriter:

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import lock_worker
 import pytest
 from kazoo.client import KazooClient
+from support import ROOT, lock_worker
 from support.servers import ZooKeeperServer
 
 from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
@@ -47,7 +47,6 @@ from cowrite.protocol.locks.zookeeper import ZooKeeperLock
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(lock_worker.__file__)
 
 # Long enough that no contender in an exclusion test expires a live holder.

@@ -7,18 +7,17 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from support import hudi_rs
+from support import ROOT, hudi_rs
 from support.servers import S3Server
 
 from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.storage.backend import Storage
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(ROOT))
 from bench.proxy import DelayingProxy  # noqa: E402
 
 DELAY = 0.05

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.daemon import WAIT, Target, rows, wait_until, writer
+from support import ROOT
+from support.daemon import (
+    WAIT,
+    Target,
+    wait_until,
+    writer,
+)
+from support.tables import rows
 
 COWRITE = str(Path(sys.executable).parent / "cowrite")  # the installed command, as users start it
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def interpreter_up(process: subprocess.Popen[Any]) -> bool:

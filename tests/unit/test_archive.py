@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from support import hudi_rs
+from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
@@ -21,13 +22,8 @@ from cowrite.protocol.transaction import Transaction
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["p"],
-        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"},
-    )
+    beats = {"hoodie.client.heartbeat.interval_in_ms": "1000"}
+    return new_table(tmp_path / "t", partition_fields=["p"], ordering_fields=[], properties=beats)
 
 
 def rows(ids: range | list[int], p: str, v: int = 0) -> pa.Table:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from support import hudi_rs
 from support.hudi_rs import rows
+from support.tables import frame
 
 from cowrite.cleaner.rollback import rollback_failed
 from cowrite.errors import LeaseLostError
@@ -31,12 +32,6 @@ WRITE = {
 }
 
 
-def frame(*records: tuple[Any, ...]) -> pa.Table:
-    ids, ps, ts, vs = zip(*records, strict=True)
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "p": pa.array(ps, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "v": pa.array(vs, pa.string()),
-    })  # fmt: skip
 
 
 FIRST = frame((1, "a", 1, "a1"), (2, "b", 1, "b2"), (3, "a", 1, "a3"))

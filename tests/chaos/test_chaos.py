@@ -19,6 +19,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import ROOT
+from support.tables import new_table, rows
 
 from cowrite.cleaner import Cleaned, archive, clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _finish, _start
@@ -40,7 +42,7 @@ from cowrite.protocol.locks.filesystem import ReleaseReason, _write_release, cur
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.storage.backend import Storage
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ lives beside the package
+sys.path.insert(0, str(ROOT))  # bench/ lives beside the package
 
 from bench import chaos  # noqa: E402
 from bench.chaos.checker import Checker  # noqa: E402
@@ -75,15 +77,6 @@ def test_quick_chaos_run_violates_no_invariant(tmp_path: Path, capsys: pytest.Ca
 # -- the checker has teeth ---------------------------------------------------------------------------
 
 
-def rows(ids: list[str], part: str = "p0", ts: int = 1, value: str = "v") -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.string()),
-            "part": pa.array([part] * len(ids), pa.string()),
-            "ts": pa.array([ts] * len(ids), pa.int64()),
-            "value": pa.array([value] * len(ids), pa.string()),
-        }
-    )
 
 
 def _outcome(uri: str, seed_instant: str) -> Outcome:
@@ -107,14 +100,7 @@ def _outcome(uri: str, seed_instant: str) -> Outcome:
 def test_the_checker_reports_planted_violations(tmp_path: Path) -> None:
     """A clean table passes; lost rows, garbage, a stray heartbeat and a held lock are each reported."""
     plan = scenario(SEED, 0, QUICK)
-    table = Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["part"],
-        ordering_fields=["ts"],
-        properties=SETTINGS,
-    )
+    table = new_table(tmp_path / "t", properties=SETTINGS)
     seeded = LocalWriter(table).insert(
         pa.table(
             {
@@ -149,14 +135,8 @@ def test_the_checker_reports_planted_violations(tmp_path: Path) -> None:
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["part"],
-        ordering_fields=["ts"],
-        properties={**SETTINGS, keys.KEEP_MIN_COMMITS.key: "2", keys.KEEP_MAX_COMMITS.key: "3"},
-    )
+    archival = {keys.KEEP_MIN_COMMITS.key: "2", keys.KEEP_MAX_COMMITS.key: "3"}
+    return new_table(tmp_path / "t", properties={**SETTINGS, **archival})
 
 
 def staged(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from support import hudi_rs
+from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import _start
@@ -36,14 +37,8 @@ POLICY = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["p"],
-        ordering_fields=["ts"],
-        properties={"hoodie.client.heartbeat.interval_in_ms": "1000"},
-    )
+    beats = {"hoodie.client.heartbeat.interval_in_ms": "1000"}
+    return new_table(tmp_path / "t", partition_fields=["p"], properties=beats)
 
 
 def rows(ids: list[int], p: str = "a", ts: int = 1) -> pa.Table:

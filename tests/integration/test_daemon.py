@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from support import TESTS
 from support.daemon import (
     POLL,
     WAIT,
@@ -39,13 +40,13 @@ from support.daemon import (
     polls_later,
     port_of,
     released,
-    rows,
     sample,
     serving,
     snapshot,
     wait_until,
     writer,
 )
+from support.tables import rows
 
 from cowrite.cleaner import service_lock
 from cowrite.cleaner.rollback import _start
@@ -64,7 +65,7 @@ from cowrite.protocol.locks import LockHolder
 from cowrite.protocol.locks.filesystem import LOCK_DIR, FileSystemLock, current_lock
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
-LOCK_WORKER = Path(__file__).resolve().parent / "lock_worker.py"
+LOCK_WORKER = TESTS / "support" / "lock_worker.py"
 
 # What does not depend on the backend (HTTP, schedules, lock-wait and conflict accounting, a broken
 # neighbour) runs on local disk and memory only: moto answers one request at a time, and the tracker,

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 from hudi import HudiTableBuilder
 from kazoo.client import KazooClient
-from support import writer_process
+from support import TESTS, writer_process
 from support.servers import S3Server, ZooKeeperServer
 
 from cowrite.format import config as keys
@@ -44,7 +44,6 @@ from cowrite.storage.backend import Storage
 pytestmark = pytest.mark.slow
 
 WORKER = Path(writer_process.__file__)
-TESTS = Path(__file__).resolve().parent
 
 EXIT_OK, EXIT_CONFLICT, EXIT_LEASE_LOST = 0, 3, 5
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.tables import new_table
 
 from cowrite.engine.file_group import FileGroupWrite, write_file_group
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
@@ -34,13 +35,7 @@ def _options(table: Table, clock: object = time.time, **settings: str) -> WriteO
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    return Table.create(
-        str(tmp_path / "t"),
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["p"],
-        ordering_fields=["ts"],
-    )
+    return new_table(tmp_path / "t", partition_fields=["p"])
 
 
 def _rows(ids: list[int], p: str, ts: int = 1) -> pa.Table:
