@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, then run the main job (concurrent writers, a conflict, a failed write, reads)
-#   make test   set up, then run the whole test suite
+#   make test   set up, then run the whole test suite  (make unit: the fast unit tests alone)
 # Set-up is idempotent: a virtualenv in .venv with cowrite and its extras, and the Debian ZooKeeper
 # server the tests start on 127.0.0.1.
 
@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo bench lint
+.PHONY: setup test unit demo bench lint
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,9 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+unit: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 demo: setup
 	$(BIN)/cowrite demo

@@ -1,7 +1,7 @@
 """Every error cowrite raises on purpose derives from :class:`CowriteError`.
 
 Each subclass names one situation and its message says what to do about it. The split that matters most
-for callers is *failed* versus *unknown* (STYLE.md): a :class:`CommitFailedError` means the instant
+for callers is *failed* versus *unknown*: a :class:`CommitFailedError` means the instant
 definitely did not complete, so its garbage may be rolled back and the work retried under a new instant;
 :class:`CommitStateUnknownError` means the outcome is unknown and the caller must reload the timeline and
 look for its own instant before doing anything else.

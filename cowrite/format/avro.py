@@ -1,8 +1,8 @@
 """Avro object container files of a record or two, as the timeline stores its metadata.
 
 fastavro's ``reader`` and ``writer`` parse, or print, the schema of every file they open: most of the
-time it takes to read or write a commit file of one record (70-90 µs), several of which a writer reads
-and writes per commit, some while holding the table lock. Here a schema is parsed once per distinct
+time it takes to read or write a commit file of one record, several of which a writer reads and
+writes per commit, some while holding the table lock. Here a schema is parsed once per distinct
 text and a file is written after a header printed once per schema; the bytes are what fastavro writes
 and reads. Files with a compression codec (not ours; other writers may use one) go through fastavro.
 """
