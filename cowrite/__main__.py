@@ -2,10 +2,17 @@
 
 For ``cowrite daemon`` the stop signals are caught before the command's modules are imported, which takes
 a noticeable fraction of a second (see :mod:`cowrite.shutdown`): SIGTERM during start-up still drains.
+
+Once a command has finished — committed or failed, its heartbeats stopped, its output flushed — the
+process ends without the interpreter's teardown, unless Spark ran in it (its JVM is stopped there).
+pyarrow's native thread pools can abort that teardown (``terminate called without an active
+exception``, apache/arrow#34314): a write that had committed would then exit -6 instead of 0.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 
@@ -16,7 +23,19 @@ def main() -> None:
         catch()
     from cowrite.cli import main as run
 
-    run()
+    try:
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    if "pyspark" in sys.modules:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -141,8 +141,9 @@ def test_a_killed_writer_process_is_rolled_back_by_the_command(table: Table, tmp
     writer = subprocess.Popen(
         [
             sys.executable,
-            "-c",
-            "import sys, cowrite.demo as d; d.slow_write('/nonexistent/release', *sys.argv[1:])",
+            "-m",
+            "cowrite.held_write",  # held once its files are written, until killed
+            "/nonexistent/release",
             table.uri,
             "--input",
             str(batch),
