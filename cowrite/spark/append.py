@@ -39,7 +39,7 @@ from cowrite.format.fs_view import BASE_FILE_EXTENSION, BaseFile, FileSystemView
 from cowrite.format.markers import create_marker, delete_markers, marked_files
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.spark.tasks import (
+from cowrite.spark.executor import (
     STAT,
     TableSpec,
     carrying,

@@ -20,6 +20,8 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from cowrite.process import keep
+
 MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 UNCHECKED_BYTES = str(2**31 - 1)  # the one value at which Spark does not measure batches row by row
@@ -62,6 +64,13 @@ class _Saved:
 
 _LOCK = threading.Lock()
 _RUNNING: dict[int, _Saved] = {}  # id of the SparkSession -> its saved settings, while writes run
+keep(
+    f"{__name__}._RUNNING",
+    "one entry per SparkSession with a write running",
+    "writes of one session share its Arrow batch settings and restore them when the last one ends",
+    size=lambda: len(_RUNNING),
+    clear=None,
+)
 
 
 class ArrowBatches:

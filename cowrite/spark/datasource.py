@@ -74,6 +74,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.spark import options as spark_keys
 from cowrite.spark.append import (
     NewFileGroups,
     delete_markers,
@@ -82,15 +83,10 @@ from cowrite.spark.append import (
     record_bytes_of,
     task_and_token,
 )
+from cowrite.spark.executor import StorageSpec, TableSpec, stat_from_json, stat_to_json
 from cowrite.spark.filters import Predicate, predicates
 from cowrite.spark.reader import Scan, plan_incremental, plan_snapshot
-from cowrite.spark.tasks import (
-    ReadFiles,
-    StorageSpec,
-    TableSpec,
-    stat_from_json,
-    stat_to_json,
-)
+from cowrite.spark.writing import ReadFiles
 
 NAME = "cowrite"
 WRITE_OPERATIONS = ("insert", "bulk_insert")
@@ -115,11 +111,11 @@ class _Settings:
         uri = values.pop("path", "")
         if not uri:
             raise ConfigError("the cowrite data source needs a table path: .load(path) or .save(path)")
-        raw = values.get(keys.STORAGE_OPTIONS_JSON.key, "")
+        raw = values.get(spark_keys.STORAGE_OPTIONS_JSON.key, "")
         try:
             storage_options = json.loads(raw) if raw else {}
         except ValueError as exc:
-            raise ConfigError(f"{keys.STORAGE_OPTIONS_JSON.key} is not JSON: {exc}") from None
+            raise ConfigError(f"{spark_keys.STORAGE_OPTIONS_JSON.key} is not JSON: {exc}") from None
         return cls(uri, storage_options, values)
 
     @property
@@ -139,7 +135,7 @@ class CowriteDataSource(DataSource):
 
     def schema(self) -> StructType:
         settings = _Settings.of(self.options)
-        rules = predicates(settings.config.get(keys.READ_FILTERS))
+        rules = predicates(settings.config.get(spark_keys.READ_FILTERS))
         return from_arrow_schema(_plan(settings, settings.table(), rules).schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -153,15 +149,15 @@ class CowriteDataSource(DataSource):
 # -- reading -----------------------------------------------------------------------------------------------
 def _plan(settings: _Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
     config = settings.config
-    query = config.get(keys.QUERY_TYPE).lower()
+    query = config.get(spark_keys.QUERY_TYPE).lower()
     if query in ("snapshot", "read_optimized"):
-        as_of = config.get(keys.AS_OF_INSTANT) or None
+        as_of = config.get(spark_keys.AS_OF_INSTANT) or None
         return plan_snapshot(table, as_of=as_of, filters=rules, with_meta=True)
     if query == "incremental":
-        since = config.get(keys.READ_BEGIN_INSTANTTIME) or None
-        until = config.get(keys.READ_END_INSTANTTIME) or None
+        since = config.get(spark_keys.READ_BEGIN_INSTANTTIME) or None
+        until = config.get(spark_keys.READ_END_INSTANTTIME) or None
         return plan_incremental(table, since, until, filters=rules, with_meta=True)
-    raise ConfigError(f"{keys.QUERY_TYPE.key}={query}: use snapshot, read_optimized or incremental")
+    raise ConfigError(f"{spark_keys.QUERY_TYPE.key}={query}: use snapshot, read_optimized or incremental")
 
 
 class FileToRead(InputPartition):
@@ -178,7 +174,7 @@ class CowriteReader(DataSourceReader):
     def __init__(self, settings: _Settings, schema: StructType) -> None:
         self.settings = settings
         self.schema = to_arrow_schema(schema, timezone="UTC")
-        self.rules: tuple[Predicate, ...] = predicates(settings.config.get(keys.READ_FILTERS))
+        self.rules: tuple[Predicate, ...] = predicates(settings.config.get(spark_keys.READ_FILTERS))
 
     def partitions(self) -> Sequence[InputPartition]:
         table = self.settings.table()
@@ -224,18 +220,19 @@ class CommitStats(WriterCommitMessage):
 
 def _open_or_create(settings: _Settings) -> Table:
     config = settings.config
-    given_keys = config.get(keys.WRITE_RECORDKEY_FIELD)
-    given_partitions = config.get(keys.WRITE_PARTITIONPATH_FIELD)
-    given_ordering = config.get(keys.WRITE_PRECOMBINE_FIELD)
+    given_keys = config.get(spark_keys.WRITE_RECORDKEY_FIELD)
+    given_partitions = config.get(spark_keys.WRITE_PARTITIONPATH_FIELD)
+    given_ordering = config.get(spark_keys.WRITE_PRECOMBINE_FIELD)
     try:
         table = settings.table()
     except TableNotFoundError:
         if not given_keys:
             raise ConfigError(
-                f"no table at {settings.uri} yet: set {keys.WRITE_RECORDKEY_FIELD.key} (and "
-                f"{keys.WRITE_PARTITIONPATH_FIELD.key}, {keys.WRITE_PRECOMBINE_FIELD.key}) to create it"
+                f"no table at {settings.uri} yet: set {spark_keys.WRITE_RECORDKEY_FIELD.key} (and "
+                f"{spark_keys.WRITE_PARTITIONPATH_FIELD.key}, {spark_keys.WRITE_PRECOMBINE_FIELD.key}) "
+                "to create it"
             ) from None
-        name = config.get(keys.TABLE_NAME) or config.get(keys.WRITE_TABLE_NAME)
+        name = config.get(keys.TABLE_NAME) or config.get(spark_keys.WRITE_TABLE_NAME)
         try:
             return Table.create(
                 settings.uri,
@@ -251,9 +248,9 @@ def _open_or_create(settings: _Settings) -> Table:
     mismatched = [
         f"{key.key}={','.join(given) if isinstance(given, tuple) else given} (the table has {have})"
         for key, given, have in (
-            (keys.WRITE_RECORDKEY_FIELD, given_keys, ",".join(table.record_key_fields)),
-            (keys.WRITE_PARTITIONPATH_FIELD, given_partitions, ",".join(table.partition_fields)),
-            (keys.WRITE_PRECOMBINE_FIELD, given_ordering, ",".join(table.ordering_fields)),
+            (spark_keys.WRITE_RECORDKEY_FIELD, given_keys, ",".join(table.record_key_fields)),
+            (spark_keys.WRITE_PARTITIONPATH_FIELD, given_partitions, ",".join(table.partition_fields)),
+            (spark_keys.WRITE_PRECOMBINE_FIELD, given_ordering, ",".join(table.ordering_fields)),
         )
         if given and (",".join(given) if isinstance(given, tuple) else given) != have
     ]
@@ -263,10 +260,10 @@ def _open_or_create(settings: _Settings) -> Table:
 
 
 def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> CowriteWriter:
-    operation = settings.config.get(keys.WRITE_OPERATION).lower()
+    operation = settings.config.get(spark_keys.WRITE_OPERATION).lower()
     if operation not in WRITE_OPERATIONS:
         raise ConfigError(
-            f"{keys.WRITE_OPERATION.key}={operation}: the data source writes "
+            f"{spark_keys.WRITE_OPERATION.key}={operation}: the data source writes "
             f"{' or '.join(WRITE_OPERATIONS)}; an upsert, delete or insert_overwrite needs a shuffle "
             "first: use "
             "cowrite.spark.SparkWriter(table, spark).upsert(df) (or .delete, .insert_overwrite)"

@@ -30,7 +30,9 @@ from cowrite.engine.file_group import FileGroupWrite
 from cowrite.engine.planning import SizingPolicy, assign_inserts, planned_stat
 from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.fs_view import BaseFile, FileSystemView
-from cowrite.spark.tasks import BucketWrite, Count, Segments
+from cowrite.spark.dedup import Count
+from cowrite.spark.routing import Segments
+from cowrite.spark.writing import BucketWrite
 
 _MASK = 0xFFFFFFFF
 

@@ -31,8 +31,9 @@ from cowrite.format.instant import check_time
 from cowrite.format.overlay import entries_of, newest_files
 from cowrite.format.table import Table
 from cowrite.format.timeline import InstantRange
+from cowrite.spark.executor import StorageSpec
 from cowrite.spark.filters import Predicate, matching_partitions, partition_matches, predicates
-from cowrite.spark.tasks import ReadFiles, StorageSpec
+from cowrite.spark.writing import ReadFiles
 from cowrite.storage.backend import FileInfo
 
 Filters = Iterable[Predicate | Sequence[Any]] | None

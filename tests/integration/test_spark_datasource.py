@@ -22,7 +22,7 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy, abort_reason, heartbeat_
 from cowrite.protocol.locks import InProcessLock, LockHolder
 from cowrite.spark import register
 from cowrite.spark.datasource import CowriteWriter, _begin_write, _Settings
-from cowrite.spark.tasks import stat_from_json
+from cowrite.spark.executor import stat_from_json
 
 WRITE = {
     "hoodie.datasource.write.recordkey.field": "id",

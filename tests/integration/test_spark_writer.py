@@ -37,12 +37,13 @@ from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import abort_reason
 from cowrite.protocol.transaction import WriteOptions
-from cowrite.spark import SparkJobError, SparkWriter
+from cowrite.spark import SparkJobError, SparkWriter, merging
 from cowrite.spark import engine as engine_module
 from cowrite.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.spark.errors import translate
+from cowrite.spark.executor import BUCKET, POSITION, TASK
 from cowrite.spark.plan import route_keys, spark_hash
-from cowrite.spark.tasks import BUCKET, POSITION, TASK, AssignBuckets, AttachRoutes, Segments
+from cowrite.spark.routing import AssignBuckets, AttachRoutes, Segments
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
@@ -144,7 +145,7 @@ def test_every_operation_matches_the_local_engine(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, routing: str
 ) -> None:
     if routing == "routed-on-the-driver":  # as for an input whose rows Spark does not know in advance
-        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
+        monkeypatch.setattr(merging, "row_count", lambda df: None)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = twins(tmp_path, **options)
     local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
@@ -180,7 +181,7 @@ def test_empty_inputs_write_what_the_local_engine_writes(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
 ) -> None:
     if not held:
-        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
+        monkeypatch.setattr(merging, "row_count", lambda df: None)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = twins(tmp_path, **options)
     local, engine = local_writer(local_table), SparkWriter(spark_table, spark)
@@ -268,9 +269,9 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tagging: str
 ) -> None:
     if tagging != "held-on-the-driver":  # as for an input whose rows Spark does not know in advance
-        monkeypatch.setattr(engine_module, "_row_count", lambda df: None)
+        monkeypatch.setattr(merging, "row_count", lambda df: None)
     if tagging == "range-partitioned":  # as for a large table: every task reading every file costs too much
-        monkeypatch.setattr(engine_module, "IN_PLACE_INDEX_BYTES", -1)
+        monkeypatch.setattr(merging, "IN_PLACE_INDEX_BYTES", -1)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = twins(tmp_path, **options)
     # string keys, written in key order by one task: every file group holds one contiguous key range
@@ -546,7 +547,7 @@ def test_files_of_failed_task_attempts_are_deleted_before_the_commit(spark: Any,
 
     def as_a_failed_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from cowrite.spark.append import NewFileGroups
-        from cowrite.spark.tasks import TableSpec
+        from cowrite.spark.executor import TableSpec
 
         loaded = Table.load(uri)
         running = loaded.timeline().pending().last
