@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from cowrite.format.instant import Instant, InvalidInstantError
 from cowrite.format.table import Table
-from cowrite.format.timeline import TIMELINE_DIR, Timeline
+from cowrite.format.timeline import TIMELINE_DIR, Timeline, instant_named
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,14 @@ class TimelineFollower:
     def _add(self, names: Iterable[str]) -> list[Instant]:
         added = []
         for name in names:
-            if name in self._names or name.endswith(".crc") or name.startswith("."):
-                continue  # hidden names are temporary files of atomic local writes
+            if name in self._names:
+                continue
             try:
-                instant = Instant.parse(name)
+                instant = instant_named(name)
             except InvalidInstantError as exc:
                 log.warning("skipping %s in the timeline of %s: %s", name, self.table.uri, exc)
+                continue
+            if instant is None:
                 continue
             self._names[name] = instant
             added.append(instant)

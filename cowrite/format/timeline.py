@@ -111,12 +111,13 @@ class Timeline:
         else:
             latest, new = {}, names
         for name in new:
-            if name.endswith(".crc") or name == "history":  # history/: Hudi's LSM archive, a directory
-                continue
             try:
-                _keep_latest(latest, Instant.parse(name))
+                instant = instant_named(name)
             except InvalidInstantError as exc:
                 log.warning("skipping %s/%s/%s: %s", storage.uri, TIMELINE_DIR, name, exc)
+                continue
+            if instant is not None:
+                _keep_latest(latest, instant)
         timeline = cls._of_sorted(_in_order(latest))
         _loads[storage] = _Load(names, latest, timeline)
         return timeline
@@ -216,6 +217,15 @@ class Timeline:
         """Requested times of the completed instants."""
         return frozenset(compress(self._times, map(_completion_time, self._instants)))
 
+
+
+def instant_named(name: str) -> Instant | None:
+    """The instant an entry of the timeline directory names, or None for an entry that is not an instant
+    by design: a checksum (``.crc``), a hidden temporary file of an atomic local write, Hudi's
+    ``history`` archive directory. Raises :class:`InvalidInstantError` for any other name."""
+    if name.endswith(".crc") or name.startswith(".") or name == "history":
+        return None
+    return Instant.parse(name)
 
 @dataclass(frozen=True)
 class _Load:
