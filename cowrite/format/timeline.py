@@ -221,9 +221,9 @@ class Timeline:
 
 def instant_named(name: str) -> Instant | None:
     """The instant an entry of the timeline directory names, or None for an entry that is not an instant
-    by design: a checksum (``.crc``), a hidden temporary file of an atomic local write, Hudi's
-    ``history`` archive directory. Raises :class:`InvalidInstantError` for any other name."""
-    if name.endswith(".crc") or name.startswith(".") or name == "history":
+    by design: a checksum (``.crc``) or Hudi's ``history`` archive directory. Raises
+    :class:`InvalidInstantError` for any other name. (Listings never show cowrite's own temporary files.)"""
+    if name.endswith(".crc") or name == "history":
         return None
     return Instant.parse(name)
 
