@@ -50,6 +50,7 @@ from cowrite.local import read
 from cowrite.local.read import Pull, PullMode
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import WriteOptions
+from cowrite.spark import options as _spark_options  # noqa: F401  (every setting checked on open; no Spark)
 
 
 def create(

@@ -16,6 +16,7 @@ from cowrite.errors import (
     WriteConflictError,
 )
 from cowrite.format.table import Table
+from cowrite.spark import options as _spark_options  # noqa: F401  (every setting checked on open; no Spark)
 
 EXIT_ERROR, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 3, 4, 5, 6
 _EXIT_CODES: list[tuple[type[CowriteError], int]] = [

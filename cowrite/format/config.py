@@ -1,9 +1,11 @@
 """The one typed registry of configuration keys.
 
 Every setting cowrite reads is a :class:`ConfigKey` declared here, with its default, its parser and a line
-of documentation. Hudi's own key names are used wherever Hudi has the concept, so a ``hoodie.properties``
-or a Spark option written for Hudi means the same thing here. Values travel as strings (as they do in
-``hoodie.properties`` and in Spark options) and are parsed on read by :meth:`Config.get`.
+of documentation — except those only the Spark engine reads, declared in ``cowrite/spark/options.py``
+(registered here when that module is imported; this layer imports no engine). Hudi's own key names are
+used wherever Hudi has the concept, so a ``hoodie.properties`` or a Spark option written for Hudi means
+the same thing here. Values travel as strings (as they do in ``hoodie.properties`` and in Spark options)
+and are parsed on read by :meth:`Config.get`.
 """
 
 from __future__ import annotations

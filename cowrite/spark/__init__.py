@@ -5,14 +5,25 @@
 - :func:`snapshot` / :func:`incremental` read a table as a DataFrame, pruning partitions by filters
   (:mod:`.reader`).
 - :func:`register` makes ``format("cowrite")`` available, with Hudi's option names (:mod:`.datasource`).
+- :mod:`.options` declares the engine's settings and the data source's options.
 
-Spark is imported only inside this package; nothing in :mod:`cowrite.timeline` depends on it.
+Spark is imported only inside this package; nothing in :mod:`cowrite.timeline` depends on it. The names
+above are resolved on first use: importing the package, or :mod:`.options` alone, imports no Spark.
+Importing any part of it registers the Spark settings (:mod:`.options`).
 """
 
-from cowrite.spark.datasource import CowriteDataSource, register
-from cowrite.spark.engine import SparkOperation, SparkWriter, WriteMetrics
-from cowrite.spark.errors import NondeterministicInputError, SparkJobError
-from cowrite.spark.reader import Scan, incremental, plan_incremental, plan_snapshot, snapshot
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cowrite.spark import options  # noqa: F401  (registers the Spark settings; imports no Spark)
+
+if TYPE_CHECKING:  # what type checkers see; at run time the names resolve on first use
+    from cowrite.spark.datasource import CowriteDataSource, register
+    from cowrite.spark.engine import SparkWriter
+    from cowrite.spark.errors import NondeterministicInputError, SparkJobError
+    from cowrite.spark.operations import SparkOperation, WriteMetrics
+    from cowrite.spark.reader import Scan, incremental, plan_incremental, plan_snapshot, snapshot
 
 __all__ = [
     "CowriteDataSource",
@@ -28,3 +39,18 @@ __all__ = [
     "register",
     "snapshot",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:  # a submodule not imported yet, or a mistake
+        raise AttributeError(f"module 'cowrite.spark' has no attribute {name!r}")
+    from cowrite.spark import datasource, engine, errors, operations, reader  # imports Spark
+
+    homes = (datasource, engine, errors, operations, reader)
+    value = next(vars(home)[name] for home in homes if name in vars(home))
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

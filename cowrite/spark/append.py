@@ -101,7 +101,7 @@ class NewFileGroups:
             yield pa.RecordBatch.from_pydict({STAT: [stat_to_json(stat)]}, schema=STAT_SCHEMA)
 
     def write(self, batches: Iterable[pa.RecordBatch], task: int, token: str) -> Iterator[WriteStat]:
-        """Write the records of ``batches``; raises the input errors of :func:`.tasks.stamp`."""
+        """Write the records of ``batches``; raises the input errors of :func:`.executor.stamp`."""
         for written in self.write_or_set_aside(batches, task, token, {}):
             assert isinstance(written, WriteStat)
             yield written

@@ -2,10 +2,10 @@
 
 Spark bounds those batches by rows (``spark.sql.execution.arrow.maxRecordsPerBatch``) and by bytes
 (``spark.sql.execution.arrow.maxBytesPerBatch``, 64 MiB by default). It checks the byte bound by
-measuring the batch under construction after *every row* it adds, walking all its vectors; measured with
-Java Flight Recorder on Spark 4.3, that check is half of the JVM's time of moving rows to Python, which is
-itself as expensive as Spark's whole parquet write of the same rows. Spark skips the check only when the
-byte bound is exactly ``Int.MaxValue``.
+measuring the batch under construction after *every row* it adds, walking all its vectors: a large share
+of the JVM's work of moving rows to Python (a Java Flight Recorder profile of ``bench/spark_write.py``
+shows it), itself a cost of the order of Spark's own parquet write of the same rows. Spark skips the check
+only when the byte bound is exactly ``Int.MaxValue``.
 
 So while a write runs, :class:`ArrowBatches` sets the byte bound to that value and bounds batches by
 rows instead: the session's row bound, lowered for wide rows to what the session's byte bound holds at

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cowrite.engine.records import (
-    PARTITION_PATH,
-    RECORD_KEY,
-    latest_per_key,
-)
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY, latest_per_key
 from cowrite.spark.executor import POSITION, STAT, TableSpec, carrying, stamp, task_id
 
 

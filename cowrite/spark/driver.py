@@ -17,10 +17,7 @@ from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.table import Table
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.spark.batching import ARROW_BYTES_PER_PARQUET_BYTE, ArrowBatches
-from cowrite.spark.executor import (
-    TableSpec,
-    stamp,
-)
+from cowrite.spark.executor import TableSpec, stamp
 from cowrite.spark.frames import bytes_per_row, translated
 from cowrite.spark.operations import SparkOperation, WriteMetrics
 

@@ -5,7 +5,7 @@ pyarrow through the storage layer — and return write stats; the driver plans (
 writes that need a plan, runs the transaction and commits. Semantics are the local engine's
 (:mod:`cowrite.local.writer`), plus ``bulk_insert``. The Spark jobs of a write:
 
-Upsert, delete, insert_overwrite (the *merge* pipeline)::
+Upsert, delete, insert_overwrite (the *merge* pipeline: :mod:`.merging`, its index lookup :mod:`.indexing`)::
 
     1 narrow rows (position, key, partition, ordering columns) ─ shuffle by key ─ stamp key and path,
       deduplicate (latest_per_key) ─ persist; each task reports its rows, smallest and largest key per
@@ -27,7 +27,7 @@ Upsert, delete, insert_overwrite (the *merge* pipeline)::
       few file groups per write task ─ write_file_group -> stats
     commit
 
-Insert, bulk_insert (the *append* pipeline; see :mod:`.append`)::
+Insert, bulk_insert (the *append* pipeline: :mod:`.inserts` over :mod:`.append`)::
 
     begin, .inflight (no file named: the markers name them); list the files of every partition (an
     insert: which partitions hold small file groups, and how many records those have room for)

@@ -40,12 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cowrite.engine.records import (
-    PARTITION_PATH,
-    RECORD_KEY,
-    partition_paths,
-    record_keys,
-)
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY, partition_paths, record_keys
 from cowrite.errors import LeaseLostError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import WriteStat

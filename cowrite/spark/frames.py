@@ -16,14 +16,9 @@ from pyspark.sql import functions as F
 
 from cowrite.errors import CowriteError
 from cowrite.format.table import Table
-from cowrite.spark.append import (
-    discard,
-)
+from cowrite.spark.append import discard
 from cowrite.spark.errors import translate
-from cowrite.spark.executor import (
-    STAT,
-    TASK,
-)
+from cowrite.spark.executor import STAT, TASK
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +85,7 @@ def with_task(frame: DataFrame) -> DataFrame:
 
 
 def carried(frame: DataFrame) -> list[str]:
-    """The ``STAT`` texts the tasks behind ``frame`` reported (see :func:`.tasks.carrying`)."""
+    """The ``STAT`` texts the tasks behind ``frame`` reported (see :func:`.executor.carrying`)."""
     return [r[0] for r in frame.where(F.col(STAT).isNotNull()).select(STAT).collect()]
 
 

@@ -31,10 +31,7 @@ from cowrite.spark.append import (
     small_file_groups,
 )
 from cowrite.spark.driver import Driver
-from cowrite.spark.executor import (
-    STAT,
-    stat_from_json,
-)
+from cowrite.spark.executor import STAT, stat_from_json
 from cowrite.spark.frames import discard_marked
 from cowrite.spark.operations import SparkOperation
 

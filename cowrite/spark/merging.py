@@ -29,28 +29,13 @@ from cowrite.protocol.transaction import Transaction
 from cowrite.spark import options as spark_keys
 from cowrite.spark.batching import ARROW_BYTES_PER_PARQUET_BYTE, size_in_bytes
 from cowrite.spark.dedup import Count, Deduplicate, KeyRange, deduplicate, key_ranges
-from cowrite.spark.driver import Driver
-from cowrite.spark.executor import (
-    BUCKET,
-    POSITION,
-    STAT,
-    TASK,
-    StorageSpec,
-    from_ipc,
-    stamp,
-    stat_from_json,
-    to_ipc,
-)
+from cowrite.spark.executor import BUCKET, POSITION, STAT, TASK, stamp, stat_from_json
 from cowrite.spark.frames import LazySample, carried, is_persisted, row_count, with_task
+from cowrite.spark.indexing import IndexLookup
 from cowrite.spark.operations import SparkOperation
 from cowrite.spark.plan import SparkPlan, plan_merge
 from cowrite.spark.routing import AssignBuckets, AttachRoutes
-from cowrite.spark.tagging import TagRows
 from cowrite.spark.writing import WriteContext, WriteGroup
-
-# Reading the keys of this many bytes of base files once more costs about what a range shuffle of the
-# deduplicated rows costs in its extra job and pass (measured with bench/spark_write.py)
-IN_PLACE_INDEX_BYTES = 128 << 20
 
 
 @dataclass
@@ -69,7 +54,20 @@ class Prepared:
     local: pa.Table | None = None  # the deduplicated rows (with TASK), when few: on the driver
 
 
-class MergePipeline(Driver):
+@dataclass
+class Tagged:
+    """Deduplicated rows with the file group of their key (``FILE_ID``, null for a new key): what the
+    plan and the routing of one attempt need. The rows are on the driver (``rows``, with ``TASK``) when
+    they are routed there, else on the executors (``frame``)."""
+
+    counts: list[Count]  # rows per task, partition and file group
+    view: FileSystemView  # the file groups the plan may write into (none for insert_overwrite)
+    replaced: dict[str, tuple[str, ...]] = field(default_factory=dict)  # insert_overwrite: partition -> ids
+    frame: DataFrame | None = None
+    rows: pa.Table | None = None
+
+
+class MergePipeline(IndexLookup):
     """Upserts, deletes and insert_overwrites of a :class:`~.engine.SparkWriter`."""
 
     def _prepare_merge(
@@ -79,7 +77,8 @@ class MergePipeline(Driver):
 
         Moving a row between the JVM and Python costs a good share of writing it, so the steps that
         only decide (deduplicate, tag, route) see narrow rows; the whole rows of the winners meet their
-        routes by position and go to Python once, to be written.
+        routes by position and go to Python once, to be written. Raises the input's errors (null keys,
+        bad partition values, from the deduplicating tasks) before any transaction begins.
         """
         table, release = self.table, []
         with_paths = operation is not SparkOperation.DELETE or all(
@@ -107,18 +106,7 @@ class MergePipeline(Driver):
         local: pa.Table | None = None
         known = row_count(df)
         if known is not None and self._broadcastable(known):
-            # as few rows as Spark would broadcast: the narrow rows come to the driver — one job of the
-            # JVM alone, no shuffle, no Python task — which deduplicates them and hands them to the
-            # tagging tasks itself (see _tag_here) instead of persisting them
-            collected = self._run("collect keys", narrow.toArrow)
-            # nullable, as the rows of Python tasks are: routed rows of both kinds are concatenated
-            collected = collected.cast(pa.schema([f.with_nullable(True) for f in collected.schema]))
-            winners = deduplicate(collected, self.spec, ordering, with_paths)
-            local = winners.select([POSITION, RECORD_KEY, PARTITION_PATH]).append_column(
-                TASK, pa.repeat(pa.scalar(0, pa.int32()), winners.num_rows)
-            )
-            found = key_ranges(winners, 0)
-            self.metrics.deduplicated_on_driver = True
+            local, found = self._deduplicate_here(narrow, ordering, with_paths)
         else:
             deduplicated = deduplicated.persist(StorageLevel.MEMORY_AND_DISK)
             release.append(deduplicated)
@@ -136,6 +124,25 @@ class MergePipeline(Driver):
 
         data = deduplicated.where(F.col(STAT).isNull()).drop(STAT)
         return Prepared(data, counts, ranges, schema, data_columns, sample, release, keyed, tasks, local)
+
+    def _deduplicate_here(
+        self, narrow: DataFrame, ordering: tuple[str, ...], with_paths: bool
+    ) -> tuple[pa.Table, list[KeyRange]]:
+        """The deduplicated rows (with ``TASK``) and key ranges of an input Spark would broadcast.
+
+        Its narrow rows come to the driver — one job of the JVM alone, no shuffle, no Python task —
+        which deduplicates them and hands them to the tagging tasks itself (see :meth:`_tag_here`)
+        instead of persisting them.
+        """
+        collected = self._run("collect keys", narrow.toArrow)
+        # nullable, as the rows of Python tasks are: routed rows of both kinds are concatenated
+        collected = collected.cast(pa.schema([f.with_nullable(True) for f in collected.schema]))
+        winners = deduplicate(collected, self.spec, ordering, with_paths)
+        local = winners.select([POSITION, RECORD_KEY, PARTITION_PATH]).append_column(
+            TASK, pa.repeat(pa.scalar(0, pa.int32()), winners.num_rows)
+        )
+        self.metrics.deduplicated_on_driver = True
+        return local, key_ranges(winners, 0)
 
     def _write_once(self, prepared: Prepared, operation: SparkOperation) -> Instant:
         def write(transaction: Transaction) -> CommitMetadata:
@@ -171,60 +178,98 @@ class MergePipeline(Driver):
         operation: SparkOperation,
         release: list[DataFrame],
     ) -> CommitMetadata:
-        table = self.table
+        """One attempt of a merge inside ``transaction``: tag, plan (``.inflight``), route and write.
+
+        Returns the metadata to commit; commits nothing. Frames it persists are added to ``release``
+        for the caller to unpersist. Raises :class:`~.errors.NondeterministicInputError` when a task sees
+        other counts than planned, :class:`CowriteError` when the base files written are not the planned
+        ones, and the lease's errors when the write is no longer alive.
+        """
         partitions = sorted(p for p in prepared.ranges if p is not None)
         lookup_all = None in prepared.ranges  # deletes without partition columns: every partition
         view = FileSystemView.build(
-            table, transaction.begin_timeline, partitions=None if lookup_all else partitions
+            self.table, transaction.begin_timeline, partitions=None if lookup_all else partitions
         )
-        replaced: dict[str, tuple[str, ...]] = {}
-        deduplicated = prepared.data
-        # rows Spark would broadcast to join them with the whole rows are routed on the driver: they
-        # pass through it anyway, and routing them there spares a pass of Python tasks and a job
-        on_driver: pa.Table | None = None
-        local = self.metrics.routed_on_driver = self._broadcastable(self.metrics.input_rows)
-        if operation is SparkOperation.INSERT_OVERWRITE:
-            replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in partitions}
-            replaced = {p: ids for p, ids in replaced.items() if ids}
-            view = FileSystemView(())
-            tagged = deduplicated.withColumn(FILE_ID, F.lit(None).cast(StringType()))
-            counts = prepared.counts  # every row is new, in the tasks that deduplicated it
-            if prepared.local is not None:
-                on_driver = prepared.local.append_column(
-                    FILE_ID, pa.nulls(prepared.local.num_rows, pa.string())
-                )
-            elif local:
-                on_driver = self._run("collect keys", lambda: with_task(tagged).toArrow())
-        elif prepared.local is not None:
-            keep_new = operation is not SparkOperation.DELETE
-            counts, on_driver = self._tag_here(prepared.local, view, len(partitions), lookup_all, keep_new)
-        else:
-            keep_new = operation is not SparkOperation.DELETE
-            tagged = self._tag(deduplicated, prepared.tasks, view, len(partitions), lookup_all, keep_new)
-            if local:
-                found = self._run("tag", lambda: with_task(tagged).toArrow())
-                reported = pc.is_valid(found.column(STAT))
-                counts = [Count.from_json(text) for text in found.column(STAT).filter(reported).to_pylist()]
-                on_driver = found.filter(pc.invert(reported)).drop_columns([STAT])
-            else:
-                # tagging (and its index reads) runs once: counting and routing see the same tasks
-                tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
-                release.append(tagged)
-                counts = [
-                    Count.from_json(text) for text in self._run("tag and count", lambda: carried(tagged))
-                ]
-                tagged = tagged.where(F.col(STAT).isNull()).drop(STAT)
+        tagged = self._tag_rows(prepared, operation, view, partitions, lookup_all, release)
         self._index_metrics()
         transaction.check_alive()
-        sizing = self._sizing(view, prepared, partitions)
-        merge = True
-        plan = plan_merge(transaction.instant_time, counts, view, sizing, merge, self._write_tasks())
+        sizing = self._sizing(tagged.view, prepared, partitions)
+        plan = plan_merge(
+            transaction.instant_time,
+            tagged.counts,
+            tagged.view,
+            sizing,
+            merge=True,
+            max_tasks=self._write_tasks(),
+        )
         schema = (
             prepared.schema
             if operation is not SparkOperation.DELETE
-            else latest_schema(table, transaction.begin_timeline)
+            else latest_schema(self.table, transaction.begin_timeline)
         )
-        transaction.plan(self._metadata(operation, plan.planned_stats(), replaced, schema))
+        transaction.plan(self._metadata(operation, plan.planned_stats(), tagged.replaced, schema))
+        stats = self._write_routed(transaction, prepared, operation, plan, tagged) if plan.routed else []
+        return self._metadata(operation, stats, tagged.replaced, schema)
+
+    def _tag_rows(
+        self,
+        prepared: Prepared,
+        operation: SparkOperation,
+        view: FileSystemView,
+        partitions: list[str],
+        lookup_all: bool,
+        release: list[DataFrame],
+    ) -> Tagged:
+        """The deduplicated rows with the file group of their key, and the counts the plan needs.
+
+        Rows as few as Spark would broadcast to join them with the whole rows are routed on the
+        driver: they pass through it anyway, and routing them there spares a pass of Python tasks and a
+        job. More stay on the executors.
+        """
+        on_driver = self.metrics.routed_on_driver = self._broadcastable(self.metrics.input_rows)
+        if operation is SparkOperation.INSERT_OVERWRITE:
+            return self._overwrite_rows(prepared, view, partitions, on_driver)
+        keep_new = operation is not SparkOperation.DELETE
+        if prepared.local is not None:
+            counts, rows = self._tag_here(prepared.local, view, len(partitions), lookup_all, keep_new)
+            return Tagged(counts, view, rows=rows)
+        tagged = self._tag(prepared.data, prepared.tasks, view, len(partitions), lookup_all, keep_new)
+        if on_driver:
+            found = self._run("tag", lambda: with_task(tagged).toArrow())
+            reported = pc.is_valid(found.column(STAT))
+            counts = [Count.from_json(text) for text in found.column(STAT).filter(reported).to_pylist()]
+            return Tagged(counts, view, rows=found.filter(pc.invert(reported)).drop_columns([STAT]))
+        # tagging (and its index reads) runs once: counting and routing see the same tasks
+        tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
+        release.append(tagged)
+        counts = [Count.from_json(text) for text in self._run("tag and count", lambda: carried(tagged))]
+        return Tagged(counts, view, frame=tagged.where(F.col(STAT).isNull()).drop(STAT))
+
+    def _overwrite_rows(
+        self, prepared: Prepared, view: FileSystemView, partitions: list[str], on_driver: bool
+    ) -> Tagged:
+        """insert_overwrite: no index is read — every row is new, counted by the tasks that deduplicated
+        it — and the file groups of the partitions it writes are replaced."""
+        replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in partitions}
+        replaced = {p: ids for p, ids in replaced.items() if ids}
+        frame = prepared.data.withColumn(FILE_ID, F.lit(None).cast(StringType()))
+        rows: pa.Table | None = None
+        if prepared.local is not None:
+            rows = prepared.local.append_column(FILE_ID, pa.nulls(prepared.local.num_rows, pa.string()))
+        elif on_driver:
+            rows = self._run("collect keys", lambda: with_task(frame).toArrow())
+        return Tagged(prepared.counts, FileSystemView(()), replaced, frame, rows)
+
+    def _write_routed(
+        self,
+        transaction: Transaction,
+        prepared: Prepared,
+        operation: SparkOperation,
+        plan: SparkPlan,
+        tagged: Tagged,
+    ) -> list[Any]:
+        """The whole rows routed to the planned file groups, a few file groups per write task; the
+        write stats of the base files written (see :meth:`_collect_stats`)."""
         context = WriteContext(
             self.spec,
             transaction.instant_time,
@@ -232,140 +277,44 @@ class MergePipeline(Driver):
             prepared.data_columns,
             delete=operation is SparkOperation.DELETE,
         )
-        stats = []
-        if plan.routed:
-            assign = AssignBuckets(plan.updates, plan.segments)
-            assert prepared.rows is not None
-            whole = prepared.rows.drop(
-                *[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns]
-            )
-            if on_driver is not None:
-                # the routes travel with the function that reads the whole rows: no job builds a
-                # broadcast of them, no join
-                out = StructType(
-                    [
-                        *whole.schema,
-                        StructField(RECORD_KEY, StringType(), True),
-                        StructField(PARTITION_PATH, StringType(), True),
-                        StructField(BUCKET, LongType(), True),
-                    ]
-                )
-                routes = AttachRoutes.of(assign.route_tasks(on_driver), tuple(out.fieldNames()))
-                routed = whole.mapInArrow(routes, out)
-            else:
-                routed_schema = StructType(
-                    [f for f in tagged.schema if f.name not in (FILE_ID, STAT)]
-                    + [StructField(BUCKET, LongType(), True)]
-                )
-                routed = tagged.mapInArrow(assign, routed_schema)
-                if operation is not SparkOperation.DELETE:  # a delete needs the keys only
-                    routed = whole.join(routed, POSITION)
-            written = (
-                routed.repartition(plan.write_tasks, BUCKET)
-                .groupBy(BUCKET)
-                .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
-            )
-            stats = self._collect_stats(written, plan)
-        return self._metadata(operation, stats, replaced, schema)
+        written = (
+            self._route(prepared, operation, plan, tagged)
+            .repartition(plan.write_tasks, BUCKET)
+            .groupBy(BUCKET)
+            .applyInArrow(WriteGroup(context).as_function(), f"{STAT} string")
+        )
+        return self._collect_stats(written, plan)
 
-    def _tag(
-        self,
-        deduplicated: DataFrame,
-        held: int,
-        view: FileSystemView,
-        partitions: int,
-        by_key_only: bool,
-        keep_new: bool,
+    def _route(
+        self, prepared: Prepared, operation: SparkOperation, plan: SparkPlan, tagged: Tagged
     ) -> DataFrame:
-        """``deduplicated`` with ``FILE_ID`` and count rows, tagged on executors (:class:`~.tasks.TagRows`).
-
-        Each task reads the keys of the files of the partitions its rows touch, skipping files whose
-        footer key range misses its keys; no index row is shuffled. Where the deduplicating tasks are
-        few and the touched files small, rows are tagged where they are: each task then reads the
-        touched files of all partitions it holds (a file is read by up to every task), which costs less
-        than the range shuffle's job and pass over the rows below :data:`IN_PLACE_INDEX_BYTES` of
-        extra reads. Otherwise rows are range partitioned by (partition path, key) into at most one task
-        per touched partition first: a task reads the files of the few partitions it holds, and a large
-        partition spans at most a few tasks.
-        """
-        tagger = self._tagger(view, (*deduplicated.columns, FILE_ID, STAT), by_key_only, keep_new)
-        files = tagger.files
-        out = StructType(
-            [
-                *deduplicated.schema,
-                StructField(FILE_ID, StringType(), True),
-                StructField(STAT, StringType(), True),
-            ]
-        )
-        extra_reads = (held - 1) * sum(b.size for found in files.values() for b in found)
-        if extra_reads <= IN_PLACE_INDEX_BYTES:
-            self.metrics.tagged_in_place = True
-            return deduplicated.mapInArrow(tagger, out)
-        tasks = max(1, min(held, partitions or 1))
-        ranged = [RECORD_KEY] if by_key_only else [PARTITION_PATH, RECORD_KEY]
-        return deduplicated.repartitionByRange(tasks, *ranged).mapInArrow(tagger, out)
-
-    def _tagger(
-        self, view: FileSystemView, columns: tuple[str, ...], by_key_only: bool, keep_new: bool
-    ) -> TagRows:
-        files: dict[str, list[Any]] = {}
-        for base in view.latest_base_files():
-            files.setdefault(base.partition, []).append(base)
-        self.metrics.index_files = sum(len(f) for f in files.values())
-        context = self.spark.sparkContext
-        self._read, self._pruned = context.accumulator(0), context.accumulator(0)
-        return TagRows(
-            StorageSpec.of(self.table.storage),
-            {p: tuple(f) for p, f in files.items()},
-            columns,
-            by_key_only,
-            keep_new,
-            self._read,
-            self._pruned,
-        )
-
-    def _tag_here(
-        self, rows: pa.Table, view: FileSystemView, partitions: int, by_key_only: bool, keep_new: bool
-    ) -> tuple[list[Count], pa.Table]:
-        """Counts and tagged rows (with ``TASK``) of deduplicated rows the driver holds.
-
-        The driver sorts the rows by (partition path, key) and hands each tagging task a contiguous
-        range — at most one task per core and per touched partition, no shuffle, no sampling — in a job
-        of Python tasks alone (no rows cross the JVM).
-        """
-        columns = tuple(c for c in rows.column_names if c != TASK)
-        tagger = self._tagger(view, (*columns, FILE_ID, STAT), by_key_only, keep_new)
-        order = (
-            [(RECORD_KEY, "ascending")]
-            if by_key_only
-            else [(PARTITION_PATH, "ascending"), (RECORD_KEY, "ascending")]
-        )
-        ordered = rows.select(list(columns)).sort_by(order)
-        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, partitions or 1, ordered.num_rows))
-        size = max(1, -(-ordered.num_rows // tasks))
-        ranges = [to_ipc(ordered.slice(start, size)) for start in range(0, max(ordered.num_rows, 1), size)]
-        found = self._run(
-            "tag",
-            lambda: self.spark.sparkContext.parallelize(ranges, len(ranges)).map(tagger.stream).collect(),
-        )
-        counts: list[Count] = []
-        tagged: list[pa.Table] = []
-        for task, table in enumerate(map(from_ipc, found)):
-            reported = pc.is_valid(table.column(STAT))
-            counts.extend(Count.from_json(text) for text in table.column(STAT).filter(reported).to_pylist())
-            rows_of_task = table.filter(pc.invert(reported)).drop_columns([STAT])
-            tagged.append(
-                rows_of_task.append_column(
-                    TASK, pa.repeat(pa.scalar(task, pa.int32()), rows_of_task.num_rows)
-                )
+        """The rows to write, each with the ``BUCKET`` of its planned file group: the whole rows (a delete
+        routed on the executors keeps the keys alone, without the join)."""
+        assign = AssignBuckets(plan.updates, plan.segments)
+        assert prepared.rows is not None
+        whole = prepared.rows.drop(*[c for c in (RECORD_KEY, PARTITION_PATH) if c in prepared.rows.columns])
+        if tagged.rows is not None:
+            # the routes travel with the function that reads the whole rows: no job builds a
+            # broadcast of them, no join
+            out = StructType(
+                [
+                    *whole.schema,
+                    StructField(RECORD_KEY, StringType(), True),
+                    StructField(PARTITION_PATH, StringType(), True),
+                    StructField(BUCKET, LongType(), True),
+                ]
             )
-        return counts, pa.concat_tables(tagged)
-
-    def _index_metrics(self) -> None:
-        if self._read is not None and self._pruned is not None:
-            self.metrics.index_files_read = self._read.value
-            self.metrics.index_files_pruned = self._pruned.value
-        self._read = self._pruned = None
+            routes = AttachRoutes.of(assign.route_tasks(tagged.rows), tuple(out.fieldNames()))
+            return whole.mapInArrow(routes, out)
+        assert tagged.frame is not None
+        routed_schema = StructType(
+            [f for f in tagged.frame.schema if f.name not in (FILE_ID, STAT)]
+            + [StructField(BUCKET, LongType(), True)]
+        )
+        routed = tagged.frame.mapInArrow(assign, routed_schema)
+        if operation is SparkOperation.DELETE:  # a delete needs the keys only
+            return routed
+        return whole.join(routed, POSITION)
 
     def _collect_stats(self, written: DataFrame, plan: SparkPlan) -> list[Any]:
         rows = self._run("write", lambda: written.select(STAT).where(F.col(STAT).isNotNull()).collect())

@@ -1,7 +1,10 @@
 """The Spark engine's settings and the ``cowrite`` data source's options (Hudi's data source option names).
 
-Registered with every other setting (:data:`cowrite.format.config.REGISTRY`) when the Spark engine is
-imported; nothing here imports Spark.
+Only the Spark engine reads these. They join every other setting in :data:`cowrite.format.config.REGISTRY`
+when this module is imported — as any import of :mod:`cowrite.spark` does — and only then: a registered
+key's value in ``hoodie.properties`` is checked when a table is opened (:class:`~cowrite.format.table.Table`),
+an unregistered one is not. Neither this module nor the package's ``__init__`` imports Spark, so code that
+needs the whole registry without starting Spark can import this module.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from cowrite.format.config import ConfigKey, parse_list
 
 def _str(value: str) -> str:
     return value
+
 
 WRITE_OPERATION = ConfigKey(
     "hoodie.datasource.write.operation",

@@ -10,7 +10,7 @@ cleaned up from the plan — with the shared planning functions:
   (:func:`~cowrite.engine.planning.assign_inserts`, the local engine's rule).
 
 New records of a partition are ranked task by task, in the order each task sees them; a task's
-:class:`~.tasks.Segments` say which file group each of its ranks goes to, so tasks route records without
+:class:`~.routing.Segments` say which file group each of its ranks goes to, so tasks route records without
 talking to each other; every record is *routed*: shuffled to the task that writes its file group.
 
 Routed file groups are told apart by their *route key*, the value of the ``BUCKET`` column. Keys are

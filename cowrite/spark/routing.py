@@ -14,10 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cowrite.engine.planning import FILE_ID
-from cowrite.engine.records import (
-    PARTITION_PATH,
-    RECORD_KEY,
-)
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.spark.errors import NondeterministicInputError
 from cowrite.spark.executor import BUCKET, POSITION, TASK, chunks, from_ipc, rows_by, task_id, to_ipc
 

@@ -14,10 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cowrite.engine.planning import FILE_ID, index_keys, tag_locations
-from cowrite.engine.records import (
-    PARTITION_PATH,
-    RECORD_KEY,
-)
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.format.fs_view import BaseFile, open_base_file
 from cowrite.spark.dedup import Count, footer_key_range
 from cowrite.spark.executor import STAT, StorageSpec, carrying, from_ipc, rows_by, task_id, to_ipc
@@ -33,7 +30,7 @@ class TagRows:
     key range misses the task's keys of its partition is skipped after reading its footer alone. Keys
     are read one file at a time and only the matches are kept: memory stays at one file's keys. No
     index row crosses a shuffle. The task's rows per (partition path, file group) are reported in
-    ``STAT`` rows (:class:`~.plan.Count` as JSON): the driver plans from them.
+    ``STAT`` rows (:class:`~.dedup.Count` as JSON): the driver plans from them.
 
     ``by_key_only`` (deletes without partition columns): every partition's files are candidates, the
     key alone decides, as in the local engine. ``keep_new=False`` (deletes): rows whose key no file

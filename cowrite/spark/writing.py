@@ -12,11 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cowrite.engine.file_group import FileGroupWrite, write_file_group
-from cowrite.engine.records import (
-    COMMIT_TIME,
-    PARTITION_PATH,
-    RECORD_KEY,
-)
+from cowrite.engine.records import COMMIT_TIME, PARTITION_PATH, RECORD_KEY
 from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.fs_view import open_base_file
 from cowrite.spark.executor import BUCKET, STAT, StorageSpec, TableSpec, check_lease, conform, stat_to_json

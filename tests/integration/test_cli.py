@@ -144,6 +144,10 @@ def test_directory_input_mixes_formats(tmp_path: Path, inputs: Path) -> None:
         ),
         (["read", "{table}", "--as-of", "yesterday"], "is not an instant time"),
         (["init", "{table}", "--record-key", "id"], "already exists"),
+        (  # a setting only the Spark engine reads is checked all the same
+            ["init", "{missing}", "--record-key", "id", "-o", "hoodie.upsert.shuffle.parallelism=abc"],
+            "invalid value 'abc' for hoodie.upsert.shuffle.parallelism",
+        ),
     ],
 )
 def test_errors_are_one_line_and_exit_non_zero(
@@ -158,3 +162,4 @@ def test_errors_are_one_line_and_exit_non_zero(
         result.stderr.count("\n") == 1 and result.stderr.startswith("cowrite: ") and message in result.stderr
     )
     assert sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*")) == before
+    assert not (tmp_path / "nope").exists()

@@ -37,7 +37,7 @@ from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import abort_reason
 from cowrite.protocol.transaction import WriteOptions
-from cowrite.spark import SparkJobError, SparkWriter, merging
+from cowrite.spark import SparkJobError, SparkWriter, indexing, merging
 from cowrite.spark import engine as engine_module
 from cowrite.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.spark.errors import translate
@@ -271,7 +271,7 @@ def test_upsert_tags_keys_across_file_groups_and_prunes_by_footer_key_ranges(
     if tagging != "held-on-the-driver":  # as for an input whose rows Spark does not know in advance
         monkeypatch.setattr(merging, "row_count", lambda df: None)
     if tagging == "range-partitioned":  # as for a large table: every task reading every file costs too much
-        monkeypatch.setattr(merging, "IN_PLACE_INDEX_BYTES", -1)
+        monkeypatch.setattr(indexing, "IN_PLACE_INDEX_BYTES", -1)
     options = {"partition_fields": ["p"], "ordering_fields": ["ts"]}
     local_table, spark_table = twins(tmp_path, **options)
     # string keys, written in key order by one task: every file group holds one contiguous key range
