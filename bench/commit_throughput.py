@@ -134,15 +134,16 @@ def time_lock(result: WriterResult) -> None:
 # -- workers ---------------------------------------------------------------------------------------
 
 
-def _batch(index: int, partition: str, batch: int) -> Any:
+def batch(index: int, partition: str, number: int) -> Any:
+    """Writer ``index``'s batch ``number``: the same ``ROWS`` keys every time, new values."""
     import pyarrow as pa
 
     return pa.table(
         {
             "id": [f"w{index}-{j}" for j in range(ROWS)],
             "part": [partition] * ROWS,
-            "ts": pa.array([batch] * ROWS, pa.int64()),
-            "value": [f"w{index}-b{batch}-{j}" for j in range(ROWS)],
+            "ts": pa.array([number] * ROWS, pa.int64()),
+            "value": [f"w{index}-b{number}-{j}" for j in range(ROWS)],
         }
     )
 
@@ -192,7 +193,7 @@ def cowrite_worker(
         time_lock(result)
         writer = LocalWriter(table, WriteOptions(config=table.config.with_values(settings)))
         partition = "shared" if mode == "overlap" else f"p{index}"
-        batches = [_batch(index, partition, b) for b in range(commits)]
+        batches = [batch(index, partition, b) for b in range(commits)]
         # CPU time: wall time would charge the writer's waits for the lock and for the cores to whatever
         # call it was in
         profiler = cProfile.Profile(time.process_time) if profile else None
@@ -220,7 +221,7 @@ def delta_worker(
     try:
         from deltalake import write_deltalake
 
-        batches = [_batch(index, f"p{index}", b) for b in range(commits)]
+        batches = [batch(index, f"p{index}", b) for b in range(commits)]
         ready.put(index)
         go.wait()
         # delta-rs retries conflicting appends itself: whatever escapes is a failed commit (an error)
@@ -278,7 +279,7 @@ def create_cowrite_table(uri: str, mode: str, writers: int) -> None:
     table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
                          ordering_fields=["ts"])
     if mode == "overlap":  # one file group holding every writer's keys
-        seed = pa.concat_tables([_batch(i, "shared", -1) for i in range(writers)])
+        seed = pa.concat_tables([batch(i, "shared", -1) for i in range(writers)])
         LocalWriter(table).insert(seed)
 
 

@@ -6,7 +6,9 @@ crossed a network. Requests in flight wait concurrently, like on a real connecti
 protocol pays is the number of round trips it makes one after another, not the number it makes.
 
 Every request is counted by kind: ``GET``, ``LIST`` (a GET of a listing), ``HEAD``, ``PUT``, ``POST``,
-``DELETE``. The proxy is part of the benchmarks and the chaos harness, not of cowrite:
+``DELETE``; with ``trace=True`` each is also kept as a :class:`Request`, named by the access key that
+signed it, so that clients given keys of their own (one per writer process) can be told apart. The proxy
+is part of the benchmarks and the chaos harness, not of cowrite:
 
     with DelayingProxy(server.endpoint_url, delay=0.02) as proxy:
         options = {..., "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
@@ -17,8 +19,11 @@ Every request is counted by kind: ``GET``, ``LIST`` (a GET of a listing), ``HEAD
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+import time
 from collections import Counter
+from dataclasses import dataclass
 from types import TracebackType
 
 import aiohttp
@@ -37,6 +42,21 @@ _HOP_BY_HOP = {
 }
 
 
+# SigV4: "AWS4-HMAC-SHA256 Credential=<access key>/<date>/<region>/s3/aws4_request, ..."
+_ACCESS_KEY = re.compile(r"Credential=([^/]+)/")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One forwarded request: who signed it, its kind, and when it arrived and was answered."""
+
+    client: str
+    kind: str
+    path: str  # with its query
+    began: float  # time.time() on arrival, before the delay
+    ended: float  # time.time() once answered
+
+
 def kind(method: str, query: str) -> str:
     """The kind a request is counted as: its method, or ``LIST`` for a GET of a bucket listing."""
     if method == "GET" and ("list-type" in query or "delimiter" in query or "prefix=" in query):
@@ -51,9 +71,11 @@ class DelayingProxy:
     changed while it runs; :meth:`counts` and :meth:`reset` are safe from any thread.
     """
 
-    def __init__(self, upstream: str, delay: float = 0.02) -> None:
+    def __init__(self, upstream: str, delay: float = 0.02, trace: bool = False) -> None:
         self.upstream = upstream.rstrip("/")
         self.delay = delay
+        self.trace = trace
+        self._requests: list[Request] = []
         self.endpoint_url = ""
         self._counts: Counter[str] = Counter()
         self._in_flight = 0
@@ -71,11 +93,17 @@ class DelayingProxy:
             return Counter(self._counts)
 
     def reset(self) -> Counter[str]:
-        """The counts so far; counting starts again from zero."""
+        """The counts so far; counting (and tracing) starts again from zero."""
         with self._mutex:
             counts, self._counts = self._counts, Counter()
+            self._requests = []
             self.peak_in_flight = self._in_flight
             return counts
+
+    def requests(self) -> list[Request]:
+        """The requests answered since the last reset, in the order they were answered (``trace=True``)."""
+        with self._mutex:
+            return list(self._requests)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> DelayingProxy:
@@ -117,8 +145,10 @@ class DelayingProxy:
             await self._session.close()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        began = time.time()
+        counted = kind(request.method, request.query_string)
         with self._mutex:
-            self._counts[kind(request.method, request.query_string)] += 1
+            self._counts[counted] += 1
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         try:
@@ -126,6 +156,10 @@ class DelayingProxy:
         finally:
             with self._mutex:
                 self._in_flight -= 1
+                if self.trace:
+                    signed = _ACCESS_KEY.search(request.headers.get("Authorization", ""))
+                    client = signed.group(1) if signed else ""
+                    self._requests.append(Request(client, counted, request.path_qs, began, time.time()))
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

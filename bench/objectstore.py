@@ -1,0 +1,397 @@
+"""Commits on an object store with real round trips: cowrite vs delta-rs on one S3 server, in one run.
+
+    .venv/bin/python -m bench.objectstore                     # 1, 2, 4, 8 writers x 8 commits, 20 ms
+    .venv/bin/python -m bench.objectstore --delay 0.05 --writers 8 --commits 16
+    .venv/bin/python -m bench.objectstore --history 100,10000 # + requests per commit over long timelines
+
+The S3 server is the tests' moto server on 127.0.0.1; every request reaches it through
+:class:`bench.proxy.DelayingProxy`, which holds it ``--delay`` seconds as a network would and notes who
+signed it: each writer process signs with an access key of its own, so every request is charged to its
+writer. Writers are processes of their own that start together once all have opened the table.
+
+Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
+
+- ``disjoint``: writer ``i`` upserts its 100 keys of partition ``p<i>`` again and again; no commit may
+  fail, so every failure is a *spurious abort*;
+- ``overlap``: every writer upserts its own keys into one shared file group; conflicts are expected;
+- ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table on the
+  same server, behind the same proxy (conditional PUTs; a conflicting append is retried by delta-rs);
+- ``history`` (``--history``): the disjoint workload at the largest writer count on tables whose
+  timelines already hold that many completed instants.
+
+Per configuration it prints commits/s (commits over the wall time from the common start to the last
+writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by kind;
+and the round trips a write call makes **one after another** (the longest chain of its requests in which
+each starts after the previous one was answered), in the whole call and inside the table lock's critical
+section (from the lock's acquisition to the end of its release). Then the ratio to delta-rs and the
+targets of the object-storage issue. A benchmark, not a test: it exits 0 unless a writer crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.commit_throughput import ROWS, WriterResult, batch, timed_writes
+from bench.proxy import DelayingProxy, Request
+
+BUCKET = "cowrite-bench"
+SECRET = "cowrite-bench-secret"
+REGION = "us-east-1"
+
+# The object-storage issue's targets at 20 ms per request, disjoint upserts
+TARGET_RATIO_TOP = 5.0  # x delta-rs commits/s at the largest writer count
+TARGET_RATIO_ONE = 2.0  # x delta-rs commits/s at 1 writer
+TARGET_P99_S = 2.0
+TARGET_REQUESTS = 15.0
+
+
+@contextmanager
+def s3_server() -> Iterator[Any]:
+    """The tests' moto server (it serialises conditional PUTs, as S3 decides them atomically)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support.servers import S3Server
+
+    with S3Server(bucket=BUCKET) as server:
+        yield server
+
+
+def cowrite_options(endpoint: str, client: str) -> dict[str, Any]:
+    """s3fs options that sign with ``client`` as the access key (moto accepts any)."""
+    client_kwargs = {"endpoint_url": endpoint, "region_name": REGION}
+    return {"key": client, "secret": SECRET, "client_kwargs": client_kwargs}
+
+
+def delta_options(endpoint: str, client: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": client,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_REGION": REGION,
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+# -- workers ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Windows:
+    """When each write call ran and when the writer held the table lock (time.time())."""
+
+    calls: list[tuple[float, float]] = field(default_factory=list)
+    held: list[tuple[float, float]] = field(default_factory=list)
+
+
+def time_lock_holds(held: list[tuple[float, float]]) -> None:
+    """Record, in this process, each span from a lock's acquisition to the end of its release."""
+    import cowrite.protocol.transaction as transaction
+
+    make = transaction.lock_for
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        lock = make(*args, **kwargs)
+        acquire, release = lock.acquire, lock.release
+        taken: list[float] = []
+
+        def timed_acquire(timeout: float | None = None) -> None:
+            acquire(timeout)
+            taken.append(time.time())
+
+        def timed_release() -> None:
+            release()
+            if taken:  # a release after an abort may find nothing held
+                held.append((taken.pop(), time.time()))
+
+        lock.acquire, lock.release = timed_acquire, timed_release
+        return lock
+
+    transaction.lock_for = timed
+
+
+def windowed(write: Callable[[Any], object], windows: Windows) -> Callable[[Any], object]:
+    def timed(data: Any) -> object:
+        began = time.time()
+        try:
+            return write(data)
+        finally:
+            windows.calls.append((began, time.time()))
+
+    return timed
+
+
+def cowrite_worker(
+    uri: str, endpoint: str, index: int, commits: int, mode: str, ready: Any, go: Any, results: Any
+) -> None:
+    result, windows = WriterResult(), Windows()
+    try:
+        from cowrite.errors import WriteConflictError
+        from cowrite.format.table import Table
+        from cowrite.local.writer import LocalWriter
+
+        table = Table.load(uri, **cowrite_options(endpoint, f"cowrite{index}"))
+        time_lock_holds(windows.held)
+        writer = LocalWriter(table)
+        partition = "shared" if mode == "overlap" else f"p{index}"
+        batches = [batch(index, partition, b) for b in range(commits)]
+        ready.put(index)
+        go.wait()
+        timed_writes(result, batches, windowed(writer.upsert, windows), (WriteConflictError,))
+    except BaseException:
+        result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
+        ready.put(index)
+    results.put((index, result, windows))
+
+
+def delta_worker(
+    uri: str, endpoint: str, index: int, commits: int, mode: str, ready: Any, go: Any, results: Any
+) -> None:
+    result, windows = WriterResult(), Windows()
+    try:
+        from deltalake import write_deltalake
+
+        options = delta_options(endpoint, f"delta-rs{index}")
+        batches = [batch(index, f"p{index}", b) for b in range(commits)]
+        ready.put(index)
+        go.wait()
+        append = partial(write_deltalake, uri, mode="append", partition_by=["part"], storage_options=options)
+        timed_writes(result, batches, windowed(append, windows))
+    except BaseException:
+        result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
+        ready.put(index)
+    results.put((index, result, windows))
+
+
+# -- round trips -----------------------------------------------------------------------------------
+
+
+def sequential(requests: list[Request]) -> int:
+    """The longest chain of ``requests`` in which each began after the previous one was answered."""
+    ordered = sorted(requests, key=lambda r: r.began)
+    chain: list[int] = []
+    for i, request in enumerate(ordered):
+        before = [chain[j] for j in range(i) if ordered[j].ended <= request.began]
+        chain.append(1 + max(before, default=0))
+    return max(chain, default=0)
+
+
+def inside(requests: list[Request], window: tuple[float, float]) -> list[Request]:
+    return [r for r in requests if window[0] <= r.began and r.ended <= window[1]]
+
+
+@dataclass
+class Summary:
+    engine: str
+    mode: str
+    writers: int
+    result: WriterResult
+    seconds: float
+    requests: Counter[str]  # by kind, every request of the run
+    chains: list[int]  # sequential round trips per write call
+    last_call: list[Request]  # writer 0's last write call
+    locked: list[int]  # sequential round trips per lock hold
+    locked_requests: list[int]  # requests per lock hold
+
+    @property
+    def rate(self) -> float:
+        return self.result.commits / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.result.latencies) or [float("nan")]
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    @property
+    def per_commit(self) -> float:
+        return sum(self.requests.values()) / max(1, self.result.commits)
+
+    @property
+    def spurious(self) -> int | str:
+        return "-" if self.mode == "overlap" else self.result.conflicts + sum(self.result.errors.values())
+
+
+def run(
+    engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy
+) -> Summary:
+    target = cowrite_worker if engine == "cowrite" else delta_worker
+    context = mp.get_context("spawn")
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    processes = [
+        context.Process(target=target, args=(uri, proxy.endpoint_url, i, commits, mode, ready, go, results))
+        for i in range(writers)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.get(timeout=300)
+    proxy.reset()
+    go.set()
+    collected = {i: (r, w) for i, r, w in (results.get(timeout=1800) for _ in processes)}
+    for process in processes:
+        process.join(timeout=60)
+    requests = proxy.requests()
+    counts = proxy.reset()
+    merged = WriterResult()
+    chains, locked, locked_requests = [], [], []
+    for i, (part, windows) in collected.items():
+        merged.commits += part.commits
+        merged.conflicts += part.conflicts
+        merged.errors.update(part.errors)
+        merged.latencies.extend(part.latencies)
+        mine = [r for r in requests if r.client == f"{engine}{i}"]
+        chains += [sequential(inside(mine, window)) for window in windows.calls]
+        for window in windows.held:
+            held = inside(mine, window)
+            locked.append(sequential(held))
+            locked_requests.append(len(held))
+    parts = [part for part, _ in collected.values()]
+    started = min((p.started for p in parts if p.started), default=0.0)
+    ended = max(p.ended for p in parts)
+    first = [r for r in requests if r.client == f"{engine}0"]
+    last_call = inside(first, collected[0][1].calls[-1]) if collected[0][1].calls else []
+    return Summary(engine, mode, writers, merged, max(0.0, ended - started), counts, chains, last_call,
+                   locked, locked_requests)
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+
+def create_cowrite_table(uri: str, endpoint: str, mode: str, writers: int, history: int) -> None:
+    import pyarrow as pa
+
+    from cowrite.format.table import Table
+    from cowrite.local.writer import LocalWriter
+
+    table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
+                         ordering_fields=["ts"], storage_options=cowrite_options(endpoint, "setup"))
+    if mode == "overlap":  # one file group holding every writer's keys
+        LocalWriter(table).insert(pa.concat_tables([batch(i, "shared", -1) for i in range(writers)]))
+    if history:
+        add_history(table, history)
+
+
+def add_history(table: Any, instants: int) -> None:
+    """``instants`` completed commits before now, each with its requested and inflight files, copied from
+    one real commit of partition ``history``: a long timeline, made without a writer's round trips."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowrite.format.instant import Instant, State, from_millis
+    from cowrite.local.writer import LocalWriter
+
+    seed = LocalWriter(table).insert(batch(-1, "history", 0))
+    payload = table.storage.read(table.instant_path(seed))
+    start = int(time.time() * 1000) - 10 * instants - 60_000
+    files = []
+    for n in range(instants):
+        requested = Instant(from_millis(start + 10 * n), seed.action, State.REQUESTED)
+        completed = requested.transition(State.COMPLETED, from_millis(start + 10 * n + 5))
+        files += [(table.instant_path(requested), b""),
+                  (table.instant_path(requested.transition(State.INFLIGHT)), payload),
+                  (table.instant_path(completed), payload)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda f: table.storage.write(*f), files))
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+KINDS = ("GET", "LIST", "HEAD", "PUT", "POST", "DELETE")
+HEADER = (f"{'engine':<9} {'workload':<13} {'writers':>7} {'commits/s':>9} {'p50 s':>6} {'p99 s':>6} "
+          f"{'commits':>7} {'conflicts':>9} {'spurious':>8} {'req/commit':>10}  "
+          f"{' / '.join(KINDS)}  {'sequential p50/max':>18}  {'in lock p50/max (req)':>21}  errors")
+
+
+def _median(values: list[int]) -> str:
+    return f"{statistics.median(values):.0f}/{max(values)}" if values else "-"
+
+
+def line(s: Summary) -> str:
+    commits = max(1, s.result.commits)
+    kinds = " / ".join(f"{s.requests[k] / commits:.1f}" for k in KINDS)
+    lock = f"{_median(s.locked)} ({statistics.fmean(s.locked_requests):.1f})" if s.locked else "-"
+    errors = ", ".join(f"{k}: {v}" for k, v in s.result.errors.items()) or "-"
+    return (f"{s.engine:<9} {s.mode:<13} {s.writers:>7} {s.rate:>9.2f} {s.percentile(0.5):>6.2f} "
+            f"{s.percentile(0.99):>6.2f} {s.result.commits:>7} {s.result.conflicts:>9} {str(s.spurious):>8} "
+            f"{s.per_commit:>10.1f}  {kinds}  {_median(s.chains):>18}  {lock:>21}  {errors}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delay", type=float, default=0.02, help="seconds each request is held (0.02)")
+    parser.add_argument("--writers", default="1,2,4,8", help="comma-separated writer counts")
+    parser.add_argument("--commits", type=int, default=8, help="commits per writer (8)")
+    parser.add_argument("--workloads", default="disjoint,overlap", help="cowrite workloads to run")
+    parser.add_argument("--history", default="", help="comma-separated timeline lengths, e.g. 100,10000")
+    parser.add_argument("--no-delta", action="store_true", help="skip delta-rs")
+    parser.add_argument("--trace", action="store_true", help="print the requests of writer 0's last call")
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in args.writers.split(",")]
+    histories = [int(n) for n in args.history.split(",") if n]
+    summaries: list[Summary] = []
+    with s3_server() as server, DelayingProxy(server.endpoint_url, delay=args.delay, trace=True) as proxy:
+        print(f"{args.commits} commits of {ROWS} rows per writer; {args.delay * 1000:.0f} ms per request; "
+              f"{mp.cpu_count()} CPUs")
+        print(HEADER)
+
+        def measure(engine: str, mode: str, writers: int, name: str, history: int = 0) -> None:
+            uri = f"s3://{BUCKET}/{name}"
+            if engine == "cowrite":  # made directly on the server: the setup's requests are not timed
+                create_cowrite_table(uri, server.endpoint_url, mode, writers, history)
+            summary = run(engine, mode, writers, args.commits, uri, proxy)
+            if history:
+                summary.mode = f"history {history}"
+            summaries.append(summary)
+            print(line(summary), flush=True)
+            if args.trace:
+                origin = min((r.began for r in summary.last_call), default=0.0)
+                for r in sorted(summary.last_call, key=lambda r: r.began):
+                    print(f"    {(r.began - origin) * 1000:7.1f} {(r.ended - origin) * 1000:7.1f} ms  "
+                          f"{r.kind:<6} {r.path}")
+
+        for mode in args.workloads.split(","):
+            for writers in counts:
+                measure("cowrite", mode, writers, f"{mode}-{writers}")
+        if not args.no_delta:
+            for writers in counts:
+                measure("delta-rs", "disjoint", writers, f"delta-{writers}")
+        for history in histories:
+            measure("cowrite", "disjoint", max(counts), f"history-{history}", history)
+
+    by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
+    if not args.no_delta and "disjoint" in args.workloads:
+        print("\ncowrite / delta-rs, commits/s (disjoint):")
+        for writers in counts:
+            ours, theirs = by_key[("cowrite", "disjoint", writers)], by_key[("delta-rs", "disjoint", writers)]
+            print(f"  {writers} writers: {ours.rate:.2f} / {theirs.rate:.2f} = "
+                  f"{ours.rate / theirs.rate if theirs.rate else float('nan'):.2f}")
+        top, one = max(counts), min(counts)
+        ours, theirs = by_key[("cowrite", "disjoint", top)], by_key[("delta-rs", "disjoint", top)]
+        ratio_met = ours.rate >= TARGET_RATIO_TOP * theirs.rate
+        checks = [
+            (f"{top} writers >= {TARGET_RATIO_TOP:.0f}x delta-rs", ratio_met),
+            (f"{top} writers p99 <= {TARGET_P99_S:.0f} s", ours.percentile(0.99) <= TARGET_P99_S),
+            (f"{top} writers <= {TARGET_REQUESTS:.0f} requests a commit", ours.per_commit <= TARGET_REQUESTS),
+            (f"{top} writers no spurious abort", ours.spurious == 0),
+        ]
+        if one == 1:
+            mine, peer = by_key[("cowrite", "disjoint", 1)], by_key[("delta-rs", "disjoint", 1)]
+            met = mine.rate >= TARGET_RATIO_ONE * peer.rate
+            checks.append((f"1 writer >= {TARGET_RATIO_ONE:.0f}x delta-rs", met))
+        print("\ntargets (object-storage issue, at 20 ms per request):")
+        for label, met in checks:
+            print(f"  {label}: {'met' if met else 'MISSED'}")
+    crashed = [s for s in summaries if any(k.startswith("crash") for k in s.result.errors)]
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
