@@ -169,11 +169,12 @@ def write_file_group(
     encoded = pa.BufferOutputStream()
     dictionary = [c for c in result.column_names if c not in (COMMIT_SEQNO, RECORD_KEY)]
     pq.write_table(result, encoded, compression=compression, use_dictionary=dictionary)
+    content = encoded.getvalue()
     with storage.open_output(work.new_path) as stream:
-        stream.write(encoded.getvalue())
+        stream.write(content)
     if recent is not None:
         recent.put(work.new_path, result)
-    size = storage.stat(work.new_path).size
+    size = content.size  # what was written, whole: no need to ask the storage
     return WriteStat(
         file_id=work.file_id,
         path=work.new_path,

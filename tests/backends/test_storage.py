@@ -9,15 +9,18 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from support.servers import S3Server
 
 from cowrite.errors import BaseFileGoneError, StorageError
 from cowrite.format.fs_view import BaseFile, list_base_files, open_base_file
 from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
 from cowrite.storage.backend import Storage
 from cowrite.storage.inotify import Listings, listings
 
@@ -131,6 +134,30 @@ def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_
     before = s3_server.listings(name)
     assert {b.path for b in list_base_files(table)} == files
     assert s3_server.listings(name) - before == 1
+
+
+def test_an_insert_lists_only_the_partitions_it_touches(s3_server: S3Server) -> None:
+    """An insert looks for small file groups to fill in the partitions its input holds, and only there:
+    into a table of 1,000 partitions, an insert touching 3 lists those 3 and no other data directory."""
+    name = f"cowrite-test-{uuid.uuid4().hex}"
+    table = Table.create(
+        f"s3://{s3_server.bucket}/{name}",
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["p"],
+        hive_style_partitioning=True,
+        storage_options=s3_server.storage_options(),
+    )
+    old = "20261121000000000"  # before the table's first instant: a file of an archived commit
+    paths = [f"p={p}/{BaseFile.file_name(f'g{p}', '0-1-0', old)}" for p in range(1000)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda path: table.storage.write(path, b""), paths))
+    before = s3_server.listed(name)
+    LocalWriter(table).insert(pa.table({"id": ["a", "b", "c"], "p": ["x", "y", "z"]}))
+    listed = s3_server.listed(name) - before
+    data = {prefix: n for prefix, n in listed.items() if not prefix.startswith(f"{name}/.hoodie/")}
+    assert data == {f"{name}/p={p}/": 1 for p in "xyz"}
+    assert sum(listed.values()) <= 10, listed  # the rest: the timeline and the lock directory
 
 
 def test_stat_gives_size_and_modification_time(storage: Storage) -> None:

@@ -98,6 +98,11 @@ class S3Server:
         assert self._app is not None, "the server is not started"
         return sum(n for listed, n in self._app.listings.items() if listed.startswith(prefix))
 
+    def listed(self, prefix: str) -> Counter[str]:
+        """ListObjectsV2 requests so far by the prefix they listed, of prefixes starting with ``prefix``."""
+        assert self._app is not None, "the server is not started"
+        return Counter({listed: n for listed, n in self._app.listings.items() if listed.startswith(prefix)})
+
     def storage_options(self) -> dict[str, Any]:
         """Options for ``fsspec.filesystem("s3", ...)`` / ``Storage.for_uri``."""
         return {
