@@ -10,8 +10,8 @@ name, and a test waiting for a step nobody reaches fails.
 Production code calls :func:`reached` at each step. With no observer — always, outside harnesses — that
 is one global read. An observer (:func:`observe`) runs in the thread that reached the step, inside the
 protocol: it may sleep (a pause), raise (a failure at that step) or kill the process. At the steps
-reached under the table lock (claiming, claimed, locked, checked, published) it must not take the lock
-itself. Observers are per process.
+reached under the table lock (locked, checked, published; claiming and claimed of table services) it must
+not take the lock itself. Observers are per process.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 class Step(enum.StrEnum):
     """Steps in the order one write reaches them; rollbacks, cleans and clusterings claim too."""
 
-    CLAIMING = "claiming"  # under the table lock, about to create ``<t>.<action>.requested``
+    CLAIMING = "claiming"  # about to create ``<t>.<action>.requested`` (table services hold the lock)
     CLAIMED = "claimed"  # the ``.requested`` file exists (details: ``action``, ``seen``)
-    REQUESTED = "requested"  # the lock is released, the ``.inflight`` plan comes next
+    REQUESTED = "requested"  # the claim stands and the heartbeat runs; the ``.inflight`` plan comes next
     PLANNED = "planned"  # the ``.inflight`` plan exists
     FILE_GROUP_WRITTEN = "mid-write"  # one file group's new base file exists (local engine)
     WRITTEN = "written"  # every file written: the commit begins (it takes the lock next)

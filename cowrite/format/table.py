@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -36,7 +37,7 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
-from cowrite.process import memo
+from cowrite.process import keep, memo
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
 
@@ -212,7 +213,18 @@ class Table:
 
     def commit_metadata(self, instant: Instant) -> CommitMetadata:
         """The metadata of a completed commit or replacecommit (cached: completed files never change)."""
-        return _read_commit_metadata(self.storage, self.instant_path(instant))
+        path = self.instant_path(instant)
+        return _published.get((self.storage, path)) or _read_commit_metadata(self.storage, path)
+
+    def published(self, instant: Instant, payload: bytes) -> None:
+        """Note that this process just created ``instant``'s completed file with ``payload``: the next
+        write reads the table's schema from it, and need not fetch what it wrote."""
+        path = self.instant_path(instant)
+        metadata = CommitMetadata.from_bytes(payload, self.storage.full_path(path))  # as a reader sees it
+        with _published_lock:
+            _published[(self.storage, path)] = metadata
+            while len(_published) > _PUBLISHED_KEPT:
+                del _published[next(iter(_published))]
 
     def verified(self, timeline: Timeline) -> Timeline:
         """``timeline``, once every completed commit and replacecommit on it has been parsed.
@@ -234,39 +246,79 @@ class Table:
         *,
         lock: HeldLock,
     ) -> Instant:
-        """Create a new ``.requested`` instant, later than every instant ``timeline`` shows.
+        """Claim a new ``.requested`` instant for a table service (see :meth:`_claim`); ``timeline`` was
+        loaded under ``lock``, the table lock the caller holds.
 
-        Test-and-set: the file is created only if absent, so two claimants never share a time; taking
-        the time after the timeline's newest instant keeps times unique and ordered whatever the
-        claimants' clocks. Both rest on ``lock``, the table lock the caller holds (``timeline`` was
-        loaded under it): a claimant paused past the lock's lease may have picked, from a stale timeline,
-        a time someone else has since claimed for another action (another file name). So the lock is
-        checked before and after the claim, and a claim made without it is withdrawn: it raises
-        :class:`LeaseLostError`, and nothing of it stays (lock expiry is final, so a lock still held
-        after the claim was held throughout).
+        A claimant paused past the lock's lease may have picked, from a stale timeline, a time someone
+        else has since claimed: so the lock is checked before and after the claim, and a claim made
+        without it is withdrawn: it raises :class:`LeaseLostError`, and nothing of it stays (lock expiry is
+        final, so a lock still held after the claim was held throughout).
         """
-        newest = timeline.last.requested_time if timeline.last else None  # the timeline is in time order
-        millis = max(now_millis, to_millis(newest) + 1 if newest else 0)
-        reached(Step.CLAIMING)
         lock.check_held()
-        while True:
-            instant = Instant(from_millis(millis), action, State.REQUESTED)
-            content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
-            if self.storage.create_if_absent(self.instant_path(instant), content):
-                break
-            millis += 1
+        instant, _ = self._claim(timeline, action, now_millis, plan)
         try:
             lock.check_held()
         except LeaseLostError:
-            try:
-                self.storage.delete(self.instant_path(instant))
-            except CowriteError as exc:  # nothing was written under it: a rollback removes it later
-                log.warning("could not withdraw %s, claimed without the lock: %s", instant, exc)
+            self._withdraw(instant, "claimed without the lock")
             raise
-        if observed():
-            seen = sorted(i.requested_time for i in timeline if i.is_completed)
-            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
         return instant
+
+    def begin_instant(self, action: Action, now_millis: int) -> tuple[Instant, Timeline]:
+        """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
+        return it with the timeline the write begins on, listed after the claim.
+
+        That timeline shows every instant completed before the claim was made: what the cleaner and the
+        archiver take a pending writer to have seen (they order the two by the files' modification
+        times, :meth:`seen_by_every_pending`). The time is picked after the newest instant of the last
+        timeline this process listed, which saves a listing; a claim that turns out too early is made
+        again.
+        """
+        return self._claim(Timeline.last_listed(self.storage), action, now_millis)
+
+    def _claim(
+        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes | Callable[[str], bytes] = b""
+    ) -> tuple[Instant, Timeline]:
+        """Create ``.requested`` at the first free time after ``timeline``'s newest instant and no earlier
+        than ``now_millis``; return it with the timeline listed right after.
+
+        The file is created only if absent (test-and-set), and the claim stands if the listing after it
+        shows no other action's instant at the same time (each time names one instant) and no instant with
+        a later time (a completed one's base files would outrank ours in the file groups both touch).
+        Otherwise it is withdrawn and made again after what the listing showed. So claims that stand carry
+        increasing times in the order they were made: of two, the later made lists the earlier and stands
+        only above it. Of two claimants of one time, the later to list sees the other: one withdraws.
+        """
+        while True:
+            floor = timeline.last.requested_time if timeline.last else None  # in time order
+            millis = max(now_millis, to_millis(floor) + 1 if floor else 0)
+            reached(Step.CLAIMING)
+            while True:
+                instant = Instant(from_millis(millis), action, State.REQUESTED)
+                content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
+                if self.storage.create_if_absent(self.instant_path(instant), content):
+                    break
+                millis += 1
+            after = self.timeline()
+            twins = Timeline.actions_listed_at(self.storage, instant.requested_time) - {action}
+            newest = after.last  # the timeline is in time order
+            later = newest if newest is not None and newest.requested_time > instant.requested_time else None
+            if not twins and later is None:
+                break
+            clash = f"a {next(iter(twins)).value} at its time" if twins else f"{later} later"
+            self._withdraw(instant, f"{clash} meanwhile")
+            timeline = after
+        if observed():
+            seen = sorted(i.requested_time for i in after if i.is_completed)
+            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
+        return instant, after
+
+    def _withdraw(self, instant: Instant, why: str) -> None:
+        try:
+            self.storage.delete(self.instant_path(instant))
+        except CowriteError as exc:  # nothing was written under it: a rollback removes it later
+            log.warning("could not withdraw %s (%s): %s", instant, why, exc)
+        else:
+            log.info("withdrew %s: %s", instant, why)
 
     @staticmethod
     def completion_time(timeline: Timeline, requested_time: str, now_millis: int) -> str:
@@ -278,9 +330,9 @@ class Table:
     def seen_by_every_pending(self, timeline: Timeline) -> frozenset[str]:
         """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
 
-        A pending writer's view and conflict check were built on the timeline of its claim; an instant
-        completed later is news to it. Both files are created under the table lock, so the storage's
-        modification times order them (one clock for everybody; a tie counts as unseen).
+        A pending writer's view and conflict check were built on the timeline listed right after its claim
+        (:meth:`begin_instant`); an instant completed after the claim is news to it. The storage's
+        modification times order the two files (one clock for everybody; a tie counts as unseen).
         """
         completed = [i for i in timeline if i.is_completed]
         pending = list(timeline.pending())
@@ -356,6 +408,19 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
         return storage.read(path)
     except FileNotFoundError:
         raise InstantGoneError(storage.full_path(path)) from None
+
+
+# Completed commits this process published, newest last (a dict keeps insertion order).
+_published: dict[tuple[Storage, str], CommitMetadata] = {}
+_PUBLISHED_KEPT = 16
+_published_lock = threading.Lock()
+keep(
+    f"{__name__}._published",
+    f"{_PUBLISHED_KEPT} entries",
+    "a writer's next write reads the schema from its own last commit",
+    size=lambda: len(_published),
+    clear=_published.clear,
+)
 
 
 @memo(4096, "a completed commit file is never rewritten; every later writer's conflict check reads it")

@@ -122,6 +122,30 @@ class Timeline:
         _loads[storage] = _Load(names, latest, timeline)
         return timeline
 
+    @classmethod
+    def last_listed(cls, storage: Storage) -> Timeline:
+        """What :meth:`load` last returned for ``storage`` in this process, without listing (empty if
+        nothing was listed yet): a floor for picking a new instant's time, never a view to act on."""
+        previous = _loads.get(storage)
+        return previous.timeline if previous is not None else cls(())
+
+    @classmethod
+    def actions_listed_at(cls, storage: Storage, requested_time: str) -> frozenset[Action]:
+        """The actions of the entries at ``requested_time`` that the last :meth:`load` of ``storage``
+        listed: one, unless two claimants took that time for different actions, which a timeline (one
+        instant per time) does not show."""
+        previous = _loads.get(storage)
+        actions = set()
+        for name in previous.names if previous is not None else ():
+            if name.startswith(requested_time):
+                try:
+                    instant = instant_named(name)
+                except InvalidInstantError:
+                    continue
+                if instant is not None and instant.requested_time == requested_time:
+                    actions.add(instant.action)
+        return frozenset(actions)
+
     # -- access ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Instant]:
         return iter(self._instants)
@@ -226,6 +250,7 @@ def instant_named(name: str) -> Instant | None:
     if name.endswith(".crc") or name == "history":
         return None
     return Instant.parse(name)
+
 
 @dataclass(frozen=True)
 class _Load:

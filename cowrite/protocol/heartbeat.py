@@ -112,13 +112,23 @@ class Heartbeat:
         self._lost: str | None = None
         self._failure = "renewals are late"
         self._stopped = False
+        self._written = False  # whether a heartbeat file was ever written
         self._guard = threading.Lock()  # renewals (in the background too) and stop() never overlap
 
     def start(self) -> Heartbeat:
-        self.renew()
+        """Renew from now on, in the background; raise :class:`LeaseLostError` if the lease is gone.
+
+        A lease that began earlier (``leased_at``) is first renewed after at most half the tolerance:
+        until then others judge the instant by its timeline files, which are as fresh, so a write that
+        ends sooner writes (and deletes) no heartbeat at all. Without one the heartbeat is written now.
+        """
+        if self._renewed_at is None:
+            self.renew()
+        elif (late := self.clock() - self._renewed_at) > self.policy.tolerance:
+            self._lose(f"heartbeat of {self.instant} was not renewed for {late:.1f} s")
         if self._lost:
             raise LeaseLostError(self._lost)
-        _renewals.add(self)
+        _renewals.add(self, first=min(self.policy.interval, self.policy.tolerance / 2))
         return self
 
     def renew(self) -> None:
@@ -139,7 +149,13 @@ class Heartbeat:
                 self._failure = f"cannot renew heartbeat of {self.instant}: {exc}"
                 return
             self._renewed_at = started
+            self._written = True
         reached(Step.RENEWED, self.instant, storage=self.storage)
+
+    @property
+    def written(self) -> bool:
+        """Whether the heartbeat file was ever written (a write may end before its first renewal)."""
+        return self._written
 
     def refresh(self) -> None:
         """Renew unless the last renewal is less than half an interval old (the lease is then as good as
@@ -184,7 +200,7 @@ class Heartbeat:
         _renewals.remove(self)
         with self._guard:
             self._stopped = True
-        if delete:
+        if delete and self._written:
             self.storage.delete(heartbeat_path(self.instant))
 
 
@@ -202,9 +218,10 @@ class _Renewals:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
-    def add(self, heartbeat: Heartbeat) -> None:
+    def add(self, heartbeat: Heartbeat, first: float) -> None:
+        """Renew ``heartbeat`` ``first`` seconds from now, then every interval."""
         with self._changed:
-            self._due[heartbeat] = time.monotonic() + heartbeat.policy.interval
+            self._due[heartbeat] = time.monotonic() + first
             if self._thread is None:
                 self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heartbeat")
                 self._thread = threading.Thread(target=self._schedule, name="heartbeats", daemon=True)

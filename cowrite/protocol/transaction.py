@@ -1,8 +1,8 @@
 """One writer's instant: begin, plan, write, commit — optimistic concurrency control (RFC-22).
 
-1. :meth:`Transaction.begin` takes the table lock, picks an instant time no instant on the timeline has
-   used (test-and-set: the ``.requested`` file is created only if absent), remembers which instants were
-   completed, starts the heartbeat and releases the lock.
+1. :meth:`Transaction.begin` picks an instant time no instant on the timeline has used (test-and-set:
+   the ``.requested`` file is created only if absent; no lock), remembers which instants were completed
+   (listed after the claim) and starts the heartbeat.
 2. :meth:`Transaction.plan` publishes ``.inflight`` listing every base file the writer may create, so a
    failed write can be rolled back without listing the table.
 3. The engine writes base files, calling :meth:`Transaction.check_alive` between files to fail fast.
@@ -127,35 +127,22 @@ class Transaction:
         return transaction
 
     def _begin(self) -> None:
-        self.lock.acquire()
-        try:
-            timeline = self.table.timeline()
-            # The claim counts only if the lock was held while making it (claim_instant checks, and
-            # withdraws it if not). A writer paused (or slowed by its storage) past the lock's lease may
-            # have been expired, and others may have claimed later times meanwhile: its time, picked from
-            # a stale timeline, could then be older than theirs (readers that checkpoint by requested
-            # time would skip it), or equal to one claimed for another action.
-            claiming = time.monotonic()
-            requested = self.table.claim_instant(
-                timeline, self.action, int(self.options.clock() * 1000), lock=self.lock
-            )
-            self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
-            self.instant = requested
-            self.begin_timeline = timeline
-            heartbeat = Heartbeat(
-                self.table.storage,
-                requested.requested_time,
-                self.options.heartbeat_policy,
-                self.holder.owner,
-                leased_at=claiming,
-            )
-            self.heartbeat = heartbeat
-        finally:
-            self._release_lock()
-        # Outside the lock: until its first heartbeat a new instant is judged by its .requested file,
-        # which was just written, so nobody can take it for failed meanwhile. Its lease runs from the
-        # claim: paused here past the tolerance, the writer may have been rolled back, and fails to start.
-        heartbeat.start()
+        # No lock: the claim is a test-and-set, and the timeline the write begins on is listed after it
+        # (Table.begin_instant). The lease runs from the claim: until its first heartbeat a new instant is
+        # judged by its .requested file, so a writer paused past the tolerance meanwhile may have been
+        # rolled back, and fails to start.
+        claiming = time.monotonic()
+        requested, timeline = self.table.begin_instant(self.action, int(self.options.clock() * 1000))
+        self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
+        self.instant = requested
+        self.begin_timeline = timeline
+        self.heartbeat = Heartbeat(
+            self.table.storage,
+            requested.requested_time,
+            self.options.heartbeat_policy,
+            self.holder.owner,
+            leased_at=claiming,
+        ).start()
         log.debug("began %s on %s", requested, self.table)
 
     @classmethod
@@ -206,6 +193,16 @@ class Transaction:
         self.instant = inflight
         self.planned = planned
         reached(Step.PLANNED, self.instant_time)
+
+    def share_lease(self) -> None:
+        """Write the heartbeat file now, for other processes that judge this writer by it (Spark tasks
+        check it before each file), rather than at the first renewal; raises :class:`LeaseLostError` if
+        the lease is gone or the file cannot be written."""
+        assert self.heartbeat is not None
+        self.heartbeat.renew()
+        self.heartbeat.check(margin=0.0)
+        if not self.heartbeat.written:
+            raise LeaseLostError(f"the heartbeat of {self.instant_time} could not be written")
 
     def check_alive(self) -> None:
         """Raise as soon as the write cannot succeed: its lease is gone (:class:`LeaseLostError`) or,
@@ -315,6 +312,7 @@ class Transaction:
             ) from exc
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        self.table.published(done, payload)
         self.instant = done
         if reverted is not None:
             self._publish_revert(reverted)

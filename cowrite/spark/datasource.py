@@ -280,6 +280,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
     fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
     prepare(table, fitted.target.empty_table(), Operation.INSERT, "input", current)
     transaction = Transaction.begin(table, operation, Action.COMMIT, options)
+    transaction.share_lease()  # the tasks renew it from now on
     assert transaction.heartbeat is not None
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
     ticket = _Ticket(

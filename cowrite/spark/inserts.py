@@ -57,6 +57,7 @@ class AppendPipeline(Driver):
         instant = transaction.instant_time
         stats: list[Any] = []
         try:
+            transaction.share_lease()  # the tasks check it
             # no file is known before the tasks write: the plan names none, the markers name them all
             transaction.plan(self._metadata(operation, (), {}, schema))
             small, record_bytes = self._small_file_groups(operation, transaction.begin_timeline)

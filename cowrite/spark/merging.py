@@ -146,6 +146,7 @@ class MergePipeline(IndexLookup):
 
     def _write_once(self, prepared: Prepared, operation: SparkOperation) -> Instant:
         def write(transaction: Transaction) -> CommitMetadata:
+            transaction.share_lease()  # the tasks check it
             release: list[DataFrame] = []
             try:
                 metadata = self._merge(transaction, prepared, operation, release)

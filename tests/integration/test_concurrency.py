@@ -36,7 +36,8 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local.read import snapshot
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.heartbeat import HEARTBEAT_DIR, heartbeat_age, heartbeat_path
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
+from cowrite.protocol.liveness import judge
 from cowrite.protocol.locks.filesystem import LOCK_DIR, current_lock, read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
@@ -471,7 +472,7 @@ def test_disjoint_writers_started_together_all_commit(
     if provider == "filesystem":
         assert_lock_free(target)
         lock = current_lock(target.storage)
-        assert lock is not None and lock.lock_id >= 2 * WRITERS  # one lock to begin, one to commit, each
+        assert lock is not None and lock.lock_id >= WRITERS  # a lock turn to commit; begin takes none
         released = [i.name for i in target.storage.list(LOCK_DIR) if i.name.endswith(".released")]
         reasons = {read_release(target.storage, int(name[4:].split(".")[0]))["reason"] for name in released}
         assert reasons == {"released"}, "a live writer's lock was expired"
@@ -568,20 +569,20 @@ def test_kill_9_at_each_step_loses_nothing_and_frees_the_lock(
         assert instant_files(target, instant) == pending_files(instant, state)
     heartbeat = heartbeat_of(target, instant)
     if step == "claimed":
-        assert heartbeat is None  # it starts once the claim is made under a lock still held
-    else:
-        assert heartbeat is not None and "aborted" not in heartbeat  # died silently: judged by its age
+        assert heartbeat is None  # it starts once the claim stands
+    else:  # died silently: judged by the age of its heartbeat, or of its timeline files before the first
+        assert heartbeat is None or "aborted" not in heartbeat
+    assert judge(target.table(), victim_instant, HeartbeatPolicy(0.2, 2)).aborted is None
     written = {"claimed": 0, "requested": 0, "mid-write": 1}.get(step, 2)
     assert len(data_files_of(target, instant)) == written
     assert_rows(target, rows)  # earlier commits intact; a dead write's files invisible
 
-    held = step in ("claimed", "locked", "published")
+    held = step in ("locked", "published")  # a writer takes the lock only to commit
     if provider == "filesystem":
         lock = current_lock(target.storage)
         assert lock is not None and (lock.holder is not None) == held, lock
-        # A writer takes the lock to begin before it has an instant: that lock names none.
-        if held and lock.holder is not None:
-            assert lock.holder.instant == (None if step == "claimed" else instant)
+        if lock.holder is not None:
+            assert lock.holder.instant == instant
         dead_lock = lock.lock_id
     else:
         assert len(zookeeper_contenders(server, target)) == 1  # the dead session's node, until it expires
@@ -638,8 +639,12 @@ def test_a_writer_stopped_past_its_lease_never_commits(step: str, writers: Write
     other_plan = [batch("p2", ["o0", "o1"], "other")]
     other = writers.start(target, other_plan, name="other", options=FAST_HEARTBEAT)
     other_instant = other.finish(EXIT_OK)["commits"][0]["instant"]
-    # The victim's heartbeat is stale by now; make sure it is stale by more than the whole tolerance.
-    wait_until(lambda: (heartbeat_age(target.storage, instant) or 0) > 2 * TOLERANCE, "a stale heartbeat")
+    # The victim is stale by now (by its heartbeat, or its .inflight if stopped before the first renewal);
+    # make sure it is stale by more than the whole tolerance.
+    pending = target.timeline().get(instant)
+    assert pending is not None
+    policy = HeartbeatPolicy(0.2, 2)
+    wait_until(lambda: judge(target.table(), pending, policy).idle > 2 * TOLERANCE, "a stale writer")
     victim.signal(signal.SIGCONT)
     error = victim.finish(EXIT_LEASE_LOST)["error"]
     assert error["type"] == "LeaseLostError", error

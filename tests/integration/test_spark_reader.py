@@ -12,9 +12,10 @@ from support import hudi_rs
 from support.hudi_rs import rows
 from support.tables import frame
 
+from cowrite import process
 from cowrite.cleaner import clean, service_lock
 from cowrite.errors import BaseFileGoneError, CorruptTimelineError, TimeTravelCleanedError
-from cowrite.format.table import Table, _read_commit_metadata
+from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import WriteOptions
@@ -164,7 +165,7 @@ def test_a_corrupt_commit_fails_every_spark_read(spark: Any, tmp_path: Path) -> 
     write.insert(frame((3, "c", 1, "c3")))
     path = table.instant_path(second)
     table.storage.write(path, table.storage.read(path)[:20])
-    _read_commit_metadata.cache_clear()  # as a new process would read it
+    process.forget()  # as a new process would read it
     first = min(table.timeline().requested_times)
     for read_it in (
         lambda: snapshot(spark, table),
