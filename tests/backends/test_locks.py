@@ -324,6 +324,33 @@ def test_a_stale_holder_is_expired_and_learns_it(
     contender.release()
 
 
+def test_a_waiter_judges_a_live_holder_again_only_once_it_could_be_stale(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every try of a waiter lists the lock directory; the holder's liveness (two lookups, two requests on
+    an object store) is asked once, and again only when its age could have reached the tolerance."""
+    storage.write(heartbeat_path(INSTANT), b"{}")
+    clock = Clock()
+    holder = fs_lock(storage, LockHolder(owner="holder", instant=INSTANT), now=clock)
+    holder.acquire(timeout=5)
+    looked_up: list[str] = []
+    tries: list[int] = []
+    stat, try_acquire = type(storage).stat, FileSystemLock._try_acquire
+    monkeypatch.setattr(type(storage), "stat", lambda self, path: looked_up.append(path) or stat(self, path))
+    monkeypatch.setattr(FileSystemLock, "_try_acquire", lambda self: tries.append(1) or try_acquire(self))
+    waiter = fs_lock(storage, LockHolder(owner="waiter"), now=clock)
+
+    with pytest.raises(LockTimeoutError, match="holder"):
+        waiter.acquire(timeout=0.2)
+    assert len(tries) > 3
+    assert sorted(looked_up) == sorted([acquired_path(1), heartbeat_path(INSTANT)])
+
+    clock.offset = PATIENT.tolerance + 1  # the heartbeat is that old now
+    waiter.acquire(timeout=5)
+    assert waiter.lock_id == 2 and read_release(storage, 1)["reason"] == "expired"
+    assert looked_up.count(heartbeat_path(INSTANT)) == 2
+
+
 def test_a_live_heartbeat_keeps_an_old_lock(tmp_path: Path) -> None:
     storage = Storage.for_uri(str(tmp_path / "table"))
     storage.write(heartbeat_path(INSTANT), b"{}")
