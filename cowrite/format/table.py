@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from jproperties import Properties
@@ -216,6 +218,13 @@ class Table:
         path = self.instant_path(instant)
         return _published.get((self.storage, path)) or _read_commit_metadata(self.storage, path)
 
+    def commit_metadata_of(self, instants: Sequence[Instant]) -> list[CommitMetadata]:
+        """:meth:`commit_metadata` of each of ``instants``, those not read yet fetched concurrently: on an
+        object store one round trip for all of them rather than one each."""
+        if len(instants) > 1:
+            list(_readers().map(self.commit_metadata, instants))
+        return [self.commit_metadata(i) for i in instants]
+
     def published(self, instant: Instant, payload: bytes) -> None:
         """Note that this process just created ``instant``'s completed file with ``payload``: the next
         write reads the table's schema from it, and need not fetch what it wrote."""
@@ -409,6 +418,31 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
     except FileNotFoundError:
         raise InstantGoneError(storage.full_path(path)) from None
 
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _readers() -> ThreadPoolExecutor:
+    """Threads that read timeline files concurrently (started on first use, again after a fork)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cowrite-read")
+    return _pool
+
+
+def _readers_anew_after_fork() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_readers_anew_after_fork)
+keep(
+    f"{__name__}._pool",
+    "8 threads, started on first use",
+    "a committer reads the commits it must check in one round trip, not one each",
+    size=lambda: 0 if _pool is None else 1,
+    clear=None,
+)
 
 # Completed commits this process published, newest last (a dict keeps insertion order).
 _published: dict[tuple[Storage, str], CommitMetadata] = {}

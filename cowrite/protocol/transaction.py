@@ -220,11 +220,7 @@ class Transaction:
         """Abort while writing if a commit that completed since begin, or a live writer with an earlier
         instant (which wins by this rule), plans to touch one of our file groups."""
         timeline = self.table.timeline()
-        rivals = [
-            Candidate(i, self.table.commit_metadata(i))
-            for i in timeline.completed_since(self.begin_timeline.completed_times)
-            if i.action.writes_data
-        ] + [
+        rivals = self._completed_since_begin(timeline) + [
             Candidate(i, plan)
             for i in timeline.pending()
             if i.action.writes_data
@@ -279,9 +275,15 @@ class Transaction:
     def _read_new_commits(self) -> None:
         """Read the commits completed since begin before taking the lock (their metadata is cached):
         under the lock, where every other writer waits, only those completed meanwhile are read."""
-        for instant in self.table.timeline().completed_since(self.begin_timeline.completed_times):
-            if instant.action.writes_data:
-                self.table.commit_metadata(instant)
+        self._completed_since_begin(self.table.timeline())
+
+    def _completed_since_begin(self, timeline: Timeline) -> list[Candidate]:
+        """The data commits ``timeline`` shows completed since begin, with their metadata (read at once)."""
+        completed = [
+            i for i in timeline.completed_since(self.begin_timeline.completed_times) if i.action.writes_data
+        ]
+        metadata = self.table.commit_metadata_of(completed)
+        return [Candidate(i, m) for i, m in zip(completed, metadata, strict=True)]
 
     def _publish(self, metadata: CommitMetadata, payload: bytes, revert: RevertClustering | None) -> Instant:
         assert self.instant is not None and self.heartbeat is not None
@@ -344,14 +346,9 @@ class Transaction:
         self, metadata: CommitMetadata, timeline: Timeline, revert: RevertClustering | None
     ) -> Revert | None:
         """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
-        seen = self.begin_timeline.completed_times
         is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
         ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
-        candidates = [
-            Candidate(instant, self.table.commit_metadata(instant))
-            for instant in timeline.completed_since(seen)
-            if instant.action.writes_data
-        ]
+        candidates = self._completed_since_begin(timeline)
         if is_service or not ingestion_first:  # pending clustering plans count as touched
             candidates += [
                 Candidate(instant, plan)
