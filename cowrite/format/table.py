@@ -221,7 +221,7 @@ class Table:
     def commit_metadata_of(self, instants: Sequence[Instant]) -> list[CommitMetadata]:
         """:meth:`commit_metadata` of each of ``instants``, those not read yet fetched concurrently: on an
         object store one round trip for all of them rather than one each."""
-        if len(instants) > 1:
+        if len(instants) > 1 and self.storage.round_trips:
             list(_readers().map(self.commit_metadata, instants))
         return [self.commit_metadata(i) for i in instants]
 
@@ -308,12 +308,12 @@ class Table:
                     break
                 millis += 1
             after = self.timeline()
-            twins = Timeline.actions_listed_at(self.storage, instant.requested_time) - {action}
+            shared = instant.requested_time in Timeline.shared_times(self.storage)
             newest = after.last  # the timeline is in time order
             later = newest if newest is not None and newest.requested_time > instant.requested_time else None
-            if not twins and later is None:
+            if not shared and later is None:
                 break
-            clash = f"a {next(iter(twins)).value} at its time" if twins else f"{later} later"
+            clash = "another action's instant at its time" if shared else f"{later} later"
             self._withdraw(instant, f"{clash} meanwhile")
             timeline = after
         if observed():

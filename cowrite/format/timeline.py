@@ -59,10 +59,13 @@ class InstantRange:
         return (self.start is None or time > self.start) and (self.end is None or time <= self.end)
 
 
-def _keep_latest(latest: dict[str, Instant], instant: Instant) -> None:
+def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str]) -> None:
+    """Keep ``instant`` if it is its time's latest state; note in ``shared`` a time two actions claimed."""
     known = latest.get(instant.requested_time)
     if known is None or instant.state > known.state:
         latest[instant.requested_time] = instant
+    if known is not None and known.action is not instant.action:
+        shared.add(instant.requested_time)
 
 
 def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
@@ -84,7 +87,7 @@ class Timeline:
     def __init__(self, instants: Iterable[Instant]) -> None:
         latest: dict[str, Instant] = {}
         for instant in instants:
-            _keep_latest(latest, instant)
+            _keep_latest(latest, instant, set())
         self._instants = _in_order(latest)
 
     @classmethod
@@ -107,9 +110,9 @@ class Timeline:
         if previous is not None and (previous.names is names or previous.names == names):
             return previous.timeline
         if previous is not None and previous.names <= names:
-            latest, new = dict(previous.latest), names - previous.names
+            latest, shared, new = dict(previous.latest), set(previous.shared), names - previous.names
         else:
-            latest, new = {}, names
+            latest, shared, new = {}, set(), names
         for name in new:
             try:
                 instant = instant_named(name)
@@ -117,9 +120,9 @@ class Timeline:
                 log.warning("skipping %s/%s/%s: %s", storage.uri, TIMELINE_DIR, name, exc)
                 continue
             if instant is not None:
-                _keep_latest(latest, instant)
+                _keep_latest(latest, instant, shared)
         timeline = cls._of_sorted(_in_order(latest))
-        _loads[storage] = _Load(names, latest, timeline)
+        _loads[storage] = _Load(names, latest, frozenset(shared), timeline)
         return timeline
 
     @classmethod
@@ -130,21 +133,11 @@ class Timeline:
         return previous.timeline if previous is not None else cls(())
 
     @classmethod
-    def actions_listed_at(cls, storage: Storage, requested_time: str) -> frozenset[Action]:
-        """The actions of the entries at ``requested_time`` that the last :meth:`load` of ``storage``
-        listed: one, unless two claimants took that time for different actions, which a timeline (one
-        instant per time) does not show."""
+    def shared_times(cls, storage: Storage) -> frozenset[str]:
+        """The times at which the last :meth:`load` of ``storage`` listed instants of two actions, which a
+        timeline (one instant per time) does not show: claimants that picked one time at once."""
         previous = _loads.get(storage)
-        actions = set()
-        for name in previous.names if previous is not None else ():
-            if name.startswith(requested_time):
-                try:
-                    instant = instant_named(name)
-                except InvalidInstantError:
-                    continue
-                if instant is not None and instant.requested_time == requested_time:
-                    actions.add(instant.action)
-        return frozenset(actions)
+        return previous.shared if previous is not None else frozenset()
 
     # -- access ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Instant]:
@@ -258,6 +251,7 @@ class _Load:
 
     names: frozenset[str]
     latest: dict[str, Instant]  # requested time -> the instant in its latest state
+    shared: frozenset[str]  # times listed with two actions
     timeline: Timeline
 
 

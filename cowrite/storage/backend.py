@@ -63,6 +63,9 @@ class FileInfo:
 class Storage:
     """A table's files on one fsspec file system, rooted at the table's base path."""
 
+    # Whether each call is a network round trip, so that reads needed together are worth making at once.
+    round_trips = True
+
     def __init__(
         self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None
     ) -> None:
@@ -252,6 +255,8 @@ class LocalStorage(Storage):
     """Local disk, through the ``os`` module where fsspec's generality costs: a writer lists the timeline
     and the lock directory several times per commit, and ``os.scandir`` does that tens of times faster."""
 
+    round_trips = False
+
     def _temp_for(self, target: str, data: bytes) -> str:
         """A temporary file holding ``data``, on the same file system as ``target``, to link or move there.
 
@@ -394,6 +399,7 @@ class LocalStorage(Storage):
 
 
 class MemoryStorage(Storage):
+    round_trips = False
     _lock = threading.Lock()
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
