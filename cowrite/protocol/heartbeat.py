@@ -120,7 +120,7 @@ class Heartbeat:
 
         A lease that began earlier (``leased_at``) is first renewed after at most half the tolerance:
         until then others judge the instant by its timeline files, which are as fresh, so a write that
-        ends sooner writes (and deletes) no heartbeat at all. Without one the heartbeat is written now.
+        ends sooner writes (and deletes) no heartbeat at all. Without ``leased_at`` it is written at once.
         """
         if self._renewed_at is None:
             self.renew()
