@@ -283,6 +283,30 @@ def create_cowrite_table(uri: str, mode: str, writers: int) -> None:
         LocalWriter(table).insert(seed)
 
 
+def run_writers(
+    target: Callable[..., None],
+    writers: int,
+    args: Callable[[int, Any, Event, Any], tuple[Any, ...]],
+    before_go: Callable[[], object] = lambda: None,
+) -> list[tuple[Any, ...]]:
+    """Run ``writers`` processes of ``target`` (multiprocessing "spawn"), writer ``i`` with ``args(i, ready,
+    go, results)``; once every one has put its index on ``ready``, call ``before_go`` and set ``go``. Each
+    puts one tuple on ``results`` (its index first): these, in the order they came."""
+    context = mp.get_context("spawn")
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    processes = [context.Process(target=target, args=args(i, ready, go, results)) for i in range(writers)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.get(timeout=300)
+    before_go()
+    go.set()
+    collected = [results.get(timeout=1800) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    return collected
+
+
 def run(
     engine: str, mode: str, writers: int, commits: int, root: Path, profile: bool, settings: dict[str, str]
 ) -> Summary:
@@ -294,22 +318,15 @@ def run(
         target = cowrite_worker
     else:
         target = delta_worker
-    context = mp.get_context("spawn")
-    ready, results, go = context.Queue(), context.Queue(), context.Event()
-    processes = [
-        context.Process(
-            target=target, args=(uris[i], i, commits, mode, ready, go, results, profile and i == 0, settings)
+    collected = {
+        i: result
+        for i, result, *_ in run_writers(
+            target,
+            writers,
+            lambda i, ready, go, results: (uris[i], i, commits, mode, ready, go, results, profile and i == 0,
+                                           settings),
         )
-        for i in range(writers)
-    ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.get(timeout=120)
-    go.set()
-    collected = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join(timeout=60)
+    }
     parts = [collected[i] for i in range(writers)]
     started = min(p.started for p in parts if p.started) if any(p.started for p in parts) else 0.0
     ended = max(p.ended for p in parts)

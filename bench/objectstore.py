@@ -43,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.commit_throughput import ROWS, WriterResult, batch, timed_writes
+from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
 from bench.proxy import DelayingProxy, Request
 
 BUCKET = "cowrite-bench"
@@ -224,21 +224,15 @@ def run(
     engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy
 ) -> Summary:
     target = cowrite_worker if engine == "cowrite" else delta_worker
-    context = mp.get_context("spawn")
-    ready, results, go = context.Queue(), context.Queue(), context.Event()
-    processes = [
-        context.Process(target=target, args=(uri, proxy.endpoint_url, i, commits, mode, ready, go, results))
-        for i in range(writers)
-    ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.get(timeout=300)
-    proxy.reset()
-    go.set()
-    collected = {i: (r, w) for i, r, w in (results.get(timeout=1800) for _ in processes)}
-    for process in processes:
-        process.join(timeout=60)
+    collected = {
+        i: (r, w)
+        for i, r, w in run_writers(
+            target,
+            writers,
+            lambda i, ready, go, results: (uri, proxy.endpoint_url, i, commits, mode, ready, go, results),
+            before_go=proxy.reset,  # the writers' start-up is not counted
+        )
+    }
     requests = proxy.requests()
     counts = proxy.reset()
     merged = WriterResult()

@@ -117,17 +117,24 @@ def test_walk_files_leaves_out_the_skipped_sub_directories(storage: Storage) -> 
     assert [info.path for info in storage.walk_files("a", skip=("b",))] == ["a/file"]
 
 
-def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_server: S3Server) -> None:
-    """Listing every base file (snapshot reads, an insert's small file groups, the cleaner) of a table
-    with 40 partitions: one request, where one a partition cost 40."""
+def s3_table(server: S3Server, **properties: Any) -> tuple[Table, str]:
+    """A new table partitioned by ``p`` on the S3 server, and its key prefix in the bucket."""
     name = f"cowrite-test-{uuid.uuid4().hex}"
     table = Table.create(
-        f"s3://{s3_server.bucket}/{name}",
+        f"s3://{server.bucket}/{name}",
         name="t",
         record_key_fields=["id"],
         partition_fields=["p"],
-        storage_options=s3_server.storage_options(),
+        storage_options=server.storage_options(),
+        **properties,
     )
+    return table, name
+
+
+def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_server: S3Server) -> None:
+    """Listing every base file (snapshot reads, an insert's small file groups, the cleaner) of a table
+    with 40 partitions: one request, where one a partition cost 40."""
+    table, name = s3_table(s3_server)
     files = {f"p={p}/{BaseFile.file_name(f'group-{p}', '0-1-0', '20261121000000000')}" for p in range(40)}
     for path in files:
         table.storage.write(path, b"parquet")
@@ -139,15 +146,7 @@ def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_
 def test_an_insert_lists_only_the_partitions_it_touches(s3_server: S3Server) -> None:
     """An insert looks for small file groups to fill in the partitions its input holds, and only there:
     into a table of 1,000 partitions, an insert touching 3 lists those 3 and no other data directory."""
-    name = f"cowrite-test-{uuid.uuid4().hex}"
-    table = Table.create(
-        f"s3://{s3_server.bucket}/{name}",
-        name="t",
-        record_key_fields=["id"],
-        partition_fields=["p"],
-        hive_style_partitioning=True,
-        storage_options=s3_server.storage_options(),
-    )
+    table, name = s3_table(s3_server, hive_style_partitioning=True)
     old = "20261121000000000"  # before the table's first instant: a file of an archived commit
     paths = [f"p={p}/{BaseFile.file_name(f'g{p}', '0-1-0', old)}" for p in range(1000)]
     with ThreadPoolExecutor(8) as pool:
