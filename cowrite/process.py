@@ -15,12 +15,13 @@ until the process forgets).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=MutableMapping[Any, Any])
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ def keep(
 ) -> None:
     """Register something this process keeps; ``size()`` counts its entries, ``clear()`` empties it."""
     _KEPT[name] = Kept(name, bound, why, size, clear)
+
+
+def keep_mapping(name: str, mapping: M, bound: str, why: str) -> M:
+    """Register ``mapping`` as :func:`keep` does, counted by its length and emptied by its ``clear``."""
+    keep(name, bound, why, size=lambda: len(mapping), clear=mapping.clear)
+    return mapping
 
 
 def memo(maxsize: int, why: str) -> Callable[[F], F]:

@@ -17,7 +17,7 @@ from typing import Any
 import fastavro
 from fastavro.read import HEADER_SCHEMA, MAGIC, SYNC_SIZE
 
-from cowrite.process import keep, memo
+from cowrite.process import keep_mapping, memo
 
 _HEADER = fastavro.parse_schema(HEADER_SCHEMA)
 
@@ -77,12 +77,11 @@ def _parsed(schema_text: bytes) -> Any:
 
 
 _headers: dict[int, tuple[Any, bytes]] = {}
-keep(
+keep_mapping(
     f"{__name__}._headers",
+    _headers,
     "one per parsed schema",
     "an Avro file header depends only on its schema",
-    size=lambda: len(_headers),
-    clear=_headers.clear,
 )
 
 

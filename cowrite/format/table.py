@@ -39,7 +39,7 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
-from cowrite.process import keep, memo
+from cowrite.process import keep, keep_mapping, memo
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
 
@@ -448,12 +448,11 @@ keep(
 _published: dict[tuple[Storage, str], CommitMetadata] = {}
 _PUBLISHED_KEPT = 16
 _published_lock = threading.Lock()
-keep(
+keep_mapping(
     f"{__name__}._published",
+    _published,
     f"{_PUBLISHED_KEPT} entries",
     "a writer's next write reads the schema from its own last commit",
-    size=lambda: len(_published),
-    clear=_published.clear,
 )
 
 

@@ -19,7 +19,7 @@ from operator import attrgetter, is_, itemgetter
 
 from cowrite.errors import CorruptTimelineError
 from cowrite.format.instant import Action, Instant, InvalidInstantError, State, check_time
-from cowrite.process import keep, memo
+from cowrite.process import keep_mapping, memo
 from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,12 @@ class InstantRange:
         return (self.start is None or time > self.start) and (self.end is None or time <= self.end)
 
 
-def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str]) -> None:
+def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str] | None = None) -> None:
     """Keep ``instant`` if it is its time's latest state; note in ``shared`` a time two actions claimed."""
     known = latest.get(instant.requested_time)
     if known is None or instant.state > known.state:
         latest[instant.requested_time] = instant
-    if known is not None and known.action is not instant.action:
+    if shared is not None and known is not None and known.action is not instant.action:
         shared.add(instant.requested_time)
 
 
@@ -87,7 +87,7 @@ class Timeline:
     def __init__(self, instants: Iterable[Instant]) -> None:
         latest: dict[str, Instant] = {}
         for instant in instants:
-            _keep_latest(latest, instant, set())
+            _keep_latest(latest, instant)
         self._instants = _in_order(latest)
 
     @classmethod
@@ -235,7 +235,6 @@ class Timeline:
         return frozenset(compress(self._times, map(_completion_time, self._instants)))
 
 
-
 def instant_named(name: str) -> Instant | None:
     """The instant an entry of the timeline directory names, or None for an entry that is not an instant
     by design: a checksum (``.crc``) or Hudi's ``history`` archive directory. Raises
@@ -256,12 +255,11 @@ class _Load:
 
 
 _loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()
-keep(
+keep_mapping(
     f"{__name__}._loads",
+    _loads,
     "the last load of each live Storage (weakly held)",
     "the next load of a timeline parses only the names it had not listed before",
-    size=lambda: len(_loads),
-    clear=_loads.clear,
 )
 
 

@@ -62,6 +62,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete
 from cowrite.engine.contract import conform, current_schema, fit
 from cowrite.engine.operations import Operation, prepare
@@ -74,7 +75,6 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.protocol.transaction import Transaction, WriteOptions
-from cowrite.spark import options as spark_keys
 from cowrite.spark.append import (
     NewFileGroups,
     delete_markers,

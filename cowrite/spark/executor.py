@@ -46,7 +46,7 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.config import Config
 from cowrite.format.table import Table
-from cowrite.process import keep
+from cowrite.process import keep_mapping
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.storage.backend import Storage
 
@@ -78,12 +78,11 @@ class StorageSpec:
 
 _OPENED: dict[tuple[str, str], Storage] = {}
 _OPEN_LOCK = threading.Lock()
-keep(
+keep_mapping(
     f"{__name__}._OPENED",
+    _OPENED,
     "one Storage per table and storage options, in each Python worker",
     "fsspec clients are costly to open and cannot travel with a task; a worker runs many tasks",
-    size=lambda: len(_OPENED),
-    clear=_OPENED.clear,
 )
 
 

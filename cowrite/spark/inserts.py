@@ -10,6 +10,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StringType, StructField, StructType
 
+import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete
 from cowrite.engine.planning import SizingPolicy, estimate_record_bytes
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
@@ -19,7 +20,6 @@ from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import Instant
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.transaction import Transaction
-from cowrite.spark import options as spark_keys
 from cowrite.spark.append import (
     FillSmallGroups,
     NewFileGroups,

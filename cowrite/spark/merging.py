@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import write_instant
 from cowrite.engine.contract import latest_schema
 from cowrite.engine.planning import FILE_ID, SizingPolicy, estimate_record_bytes
@@ -26,7 +27,6 @@ from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import Instant
 from cowrite.protocol.conflict import with_inserted_keys
 from cowrite.protocol.transaction import Transaction
-from cowrite.spark import options as spark_keys
 from cowrite.spark.batching import ARROW_BYTES_PER_PARQUET_BYTE, size_in_bytes
 from cowrite.spark.dedup import Count, Deduplicate, KeyRange, deduplicate, key_ranges
 from cowrite.spark.executor import BUCKET, POSITION, STAT, TASK, stamp, stat_from_json

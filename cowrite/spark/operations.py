@@ -19,7 +19,7 @@ class SparkOperation(enum.StrEnum):
 
     @property
     def action(self) -> Action:
-        return Action.REPLACE_COMMIT if self is SparkOperation.INSERT_OVERWRITE else Action.COMMIT
+        return self.local.action
 
     @property
     def local(self) -> Operation:
