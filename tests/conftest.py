@@ -9,7 +9,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from support.servers import S3Server, ZooKeeperServer
+from support.servers import S3Server, SparkCluster, ZooKeeperServer
 from support.spark import local_session
 
 from cowrite.storage.backend import Storage
@@ -22,6 +22,13 @@ def s3_server() -> Iterator[S3Server]:
     """Moto's S3 server with one bucket, ``s3_server.bucket``."""
     with S3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    """A Spark standalone cluster (a master and a two-core worker) whose worker has no AWS variables."""
+    with SparkCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -143,7 +143,7 @@ def execute_clustering(
         jobs = [
             ClusterJob(
                 table.storage.uri,
-                table.storage.options,
+                table.storage.portable_options(),
                 s.partition_path,
                 s.file_id,
                 s.path,

@@ -285,7 +285,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
     ticket = _Ticket(
         uri=settings.uri,
-        storage_options=dict(settings.storage_options),
+        storage_options=table.storage.portable_options(),  # the tasks run where the driver's env is not
         config=config.raw(),
         instant=transaction.instant_time,
         operation=operation,

@@ -8,7 +8,8 @@ what it does: :mod:`.dedup` (deduplication, key ranges), :mod:`.tagging` (the in
 Every callable here is a small frozen dataclass that Spark pickles into ``mapInArrow`` / ``applyInArrow``
 tasks. Executors never receive a :class:`~cowrite.storage.backend.Storage` (fsspec clients are neither
 picklable nor safe to share between processes): they get a :class:`StorageSpec` — the table's URI and
-fsspec options, S3 endpoint and keys included — and open their own storage from it, once per process.
+fsspec options, with the S3 endpoint and keys the driver resolved from its own environment — and open
+their own storage from it, once per process. Workers need no AWS environment of their own.
 
 The row formats follow the local engine exactly: keys and partition paths come from
 :mod:`cowrite.engine.records`, deduplication from ``latest_per_key``, the index from ``index_keys``, and
@@ -65,7 +66,7 @@ class StorageSpec:
 
     @classmethod
     def of(cls, storage: Storage) -> StorageSpec:
-        return cls(storage.uri, dict(storage.fs.storage_options))
+        return cls(storage.uri, storage.portable_options())
 
     def open(self) -> Storage:
         key = (self.uri, json.dumps(self.options, sort_keys=True, default=repr))

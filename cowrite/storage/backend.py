@@ -97,9 +97,10 @@ class Storage:
         backend = {"file": LocalStorage, "memory": MemoryStorage, "s3": S3Storage}.get(protocol, Storage)
         return backend(fs, root, uri if protocol != "file" else rest, options)
 
-    def reopen(self) -> Storage:
-        """The same storage opened anew (in another process: a Spark executor, a worker)."""
-        return Storage.for_uri(self.uri, **self.options)
+    def portable_options(self) -> dict[str, Any]:
+        """Options that open this storage in another process, on another machine (a Spark executor): what
+        this process would otherwise take from its environment is resolved here and written out."""
+        return dict(self.options)
 
     # -- paths -----------------------------------------------------------------------------------
     def full_path(self, path: str) -> str:
@@ -416,6 +417,30 @@ class S3Storage(Storage):
     a bucket lookup before a write (an object store has no directories to make), and a listing of the
     parent after an empty one (to tell a missing directory from a file: an insert's new partition
     would cost a listing of every partition)."""
+
+    def portable_options(self) -> dict[str, Any]:
+        """The endpoint, region and credentials this process found in its AWS environment (variables,
+        profile, instance role) join the options, so an executor with no AWS environment of its own reaches
+        the same bucket as the same principal. Credentials go out as they are now: temporary ones that
+        expire during a job fail its later tasks with the storage's error."""
+        options = dict(self.options)
+        if options.get("anon"):
+            return options
+        client = sync(self.fs.loop, self.fs.set_session)
+        if "endpoint_url" not in options:
+            client_kwargs = dict(options.get("client_kwargs") or {})
+            client_kwargs.setdefault("endpoint_url", client.meta.endpoint_url)
+            if client.meta.region_name:
+                client_kwargs.setdefault("region_name", client.meta.region_name)
+            options["client_kwargs"] = client_kwargs
+        if "key" not in options and "secret" not in options and "profile" not in options:
+            credentials = sync(self.fs.loop, self.fs.session.get_credentials)
+            if credentials is not None:
+                frozen = sync(self.fs.loop, credentials.get_frozen_credentials)
+                options.update(key=frozen.access_key, secret=frozen.secret_key)
+                if frozen.token:
+                    options["token"] = frozen.token
+        return options
 
     def list(self, directory: str = "") -> builtins.list[FileInfo]:
         full = self.full_path(directory)

@@ -159,6 +159,24 @@ def test_an_insert_lists_only_the_partitions_it_touches(s3_server: S3Server) -> 
     assert sum(listed.values()) <= 10, listed  # the rest: the timeline and the lock directory
 
 
+def test_portable_options_carry_what_the_aws_environment_gave_to_a_process_without_it(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"s3://{s3_server.bucket}/portable-{uuid.uuid4().hex}"
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    Storage.for_uri(uri).write("a.txt", b"from the driver")
+    options = Storage.for_uri(uri).portable_options()
+    for name in s3_server.env():
+        monkeypatch.delenv(name)
+
+    assert options["key"] == s3_server.storage_options()["key"]
+    assert options["client_kwargs"]["endpoint_url"] == s3_server.endpoint_url
+    assert Storage.for_uri(uri, **options).read("a.txt") == b"from the driver"
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert "key" not in Storage.for_uri(uri).portable_options()  # this process has no credentials now
+
+
 def test_stat_gives_size_and_modification_time(storage: Storage) -> None:
     before = time.time()
     storage.write("dir/file", b"12345")

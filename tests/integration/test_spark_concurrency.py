@@ -1,7 +1,10 @@
 """Two Spark applications — an ingestion job and a backfill job, separate processes — write one table.
 
-Each process has its own SparkSession (local[1]) and writes with ``cowrite write --engine spark``; a
-barrier before each commit makes every two writes of a round overlap in time (``support/spark_writer.py``).
+Each process has its own SparkSession and writes with ``cowrite write --engine spark``; a barrier before
+each commit makes every two writes of a round overlap in time (``support/spark_writer.py``). Run twice:
+``local[1]`` applications on local disk, and two applications on a standalone cluster writing to the S3
+server — their drivers find the endpoint and keys in their AWS environment, the worker has none, so every
+executor reaches S3 only with what the job carried to it.
 Round 1: ingestion inserts a new partition while the backfill rewrites an old one — both commit.
 Round 2: both upsert into the same file group — exactly one commits, the other exits 3 (write conflict)
 and nothing it wrote is visible, to cowrite's readers or to hudi-rs, in a snapshot or incrementally.
@@ -13,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from support import TESTS, hudi_rs
 from support.hudi_rs import rows
+from support.servers import S3Server, SparkCluster
 from support.tables import frame
 
 from cowrite.format.fs_view import list_base_files
@@ -43,11 +48,20 @@ JOBS = {
 
 
 @pytest.mark.slow
-def test_ingestion_and_backfill_commit_concurrently_and_a_conflict_aborts_cleanly(tmp_path: Path) -> None:
-    uri = str(tmp_path / "table")
+@pytest.mark.parametrize("where", ["local", "cluster-s3"])
+def test_ingestion_and_backfill_commit_concurrently_and_a_conflict_aborts_cleanly(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    uri, master, storage_options, aws = str(tmp_path / "table"), "local[1]", {}, {}
+    if where == "cluster-s3":
+        server: S3Server = request.getfixturevalue("s3_server")
+        cluster: SparkCluster = request.getfixturevalue("spark_cluster")
+        uri, master = f"s3://{server.bucket}/spark-{uuid.uuid4().hex}", cluster.master_url
+        storage_options, aws = server.storage_options(), server.env()
     table = Table.create(
-        uri, name="t", record_key_fields=["id"], partition_fields=["p"], ordering_fields=["ts"]
-    )
+        uri, name="t", record_key_fields=["id"], partition_fields=["p"], ordering_fields=["ts"],
+        storage_options=storage_options,
+    )  # fmt: skip
     LocalWriter(table).insert(INITIAL)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -58,12 +72,13 @@ def test_ingestion_and_backfill_commit_concurrently_and_a_conflict_aborts_cleanl
             source = tmp_path / f"{name}-{number}.parquet"
             pq.write_table(batch, source)
             command = ["write", uri, "--input", str(source), "--operation", operation, "--engine", "spark",
-                       "--master", "local[1]"]  # fmt: skip
+                       "--master", master]  # fmt: skip
             commands += ["--round", json.dumps(command)]
         result = tmp_path / f"{name}.json"
         argv = [sys.executable, "-m", "support.spark_writer", "--name", name, "--peers", "2",
-                "--barrier-dir", str(barrier), "--result", str(result), *commands]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+                "--barrier-dir", str(barrier), "--result", str(result), "--master", master,
+                *commands]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(TESTS), **aws}
         processes[name] = (subprocess.Popen(argv, cwd=TESTS, env=env, stderr=subprocess.PIPE), result)
     results = {}
     for name, (process, result) in processes.items():
@@ -83,10 +98,13 @@ def test_ingestion_and_backfill_commit_concurrently_and_a_conflict_aborts_cleanl
     written = [batch for name in JOBS for number, (_, batch) in enumerate(JOBS[name])
                if number == 0 or name == winner]  # fmt: skip
     expected = _apply(INITIAL, written)
-    assert rows(read.snapshot(table)) == expected == hudi_rs.snapshot(uri)
+    assert rows(read.snapshot(table)) == expected == hudi_rs.snapshot(uri, storage_options)
     lost_values = {f"{loser}-2"}
-    everything_seen = hudi_rs.incremental(uri) + rows(read.incremental(table))
-    everything_seen += [r for i in table.timeline() for r in hudi_rs.as_of(uri, i.requested_time)]
+    everything_seen = rows(read.incremental(table))
+    everything_seen += hudi_rs.incremental(uri, storage_options=storage_options)
+    everything_seen += [
+        r for i in table.timeline() for r in hudi_rs.as_of(uri, i.requested_time, storage_options)
+    ]
     assert not [r for r in everything_seen if r["v"] in lost_values]
     # the loser's instant never completed and its files were deleted when it aborted
     lost = table.timeline().get(lost_instant)

@@ -1,4 +1,5 @@
-"""Real servers for tests, each on 127.0.0.1 on a free port: moto's S3 server and a ZooKeeper server.
+"""Real servers for tests, each on 127.0.0.1 on a free port: moto's S3 server, a ZooKeeper server and a
+Spark standalone cluster (a master and one worker).
 
 Both are context managers; leaving the ``with`` block stops the server and removes what it left on disk.
 A missing prerequisite raises :class:`RuntimeError` saying how to install it: tests fail, never skip.
@@ -6,6 +7,7 @@ A missing prerequisite raises :class:`RuntimeError` saying how to install it: te
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -15,6 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -251,6 +254,100 @@ class ZooKeeperServer:
             self._dir = None
 
     def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class SparkCluster:
+    """A Spark standalone cluster: a master and one worker, each a process started with pyspark's own
+    ``bin/spark-class``. The worker (and so every executor) starts without the AWS variables: whatever an
+    executor needs to reach S3 must come with the job."""
+
+    def __init__(self, cores: int = 2, memory: str = "2g", start_timeout: float = 90.0) -> None:
+        self.cores = cores
+        self.memory = memory
+        self.start_timeout = start_timeout
+        self.port = 0
+        self.ui_port = 0
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._dir: Path | None = None
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{_HOST}:{self.port}"
+
+    def start(self) -> SparkCluster:
+        import pyspark
+
+        spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+        if shutil.which("java") is None or not spark_class.is_file():
+            raise RuntimeError(f"a Spark cluster needs `java` and {spark_class}; run `make setup`")
+        self._dir = Path(tempfile.mkdtemp(prefix="cowrite-spark-cluster-"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(SPARK_LOCAL_IP=_HOST, SPARK_LOG_DIR=str(self._dir), SPARK_WORKER_DIR=str(self._dir))
+        self.port, self.ui_port = _free_port(), _free_port()
+        deploy = "org.apache.spark.deploy"
+        self._spawn(env, "master", [str(spark_class), f"{deploy}.master.Master", "--host", _HOST,
+                                    "--port", str(self.port), "--webui-port", str(self.ui_port)])  # fmt: skip
+        self._spawn(env, "worker", [str(spark_class), f"{deploy}.worker.Worker", self.master_url,
+                                    "--host", _HOST, "--webui-port", str(_free_port()), "--cores",
+                                    str(self.cores), "--memory", self.memory])  # fmt: skip
+        try:
+            self._wait_ready()
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, env: dict[str, str], name: str, argv: list[str]) -> None:
+        assert self._dir is not None
+        with open(self._dir / f"{name}.log", "wb") as log:
+            out = {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+            self._processes.append(subprocess.Popen(argv, env=env, **out))
+
+    def _wait_ready(self) -> None:
+        """Poll the master's status page until the worker has registered."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            exited = [p for p in self._processes if p.poll() is not None]
+            if exited:
+                code = exited[0].returncode
+                raise RuntimeError(f"a Spark cluster process exited with {code}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(f"http://{_HOST}:{self.ui_port}/json/", timeout=2) as answer:
+                    if json.load(answer).get("aliveworkers", 0) >= 1:
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the Spark cluster was not ready after {self.start_timeout} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        """The tail of each process's log, for a failure message."""
+        if self._dir is None:
+            return ""
+        logs = sorted(self._dir.glob("*.log"))
+        return "\n".join(f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in logs)
+
+    def stop(self) -> None:
+        for process in reversed(self._processes):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+        self._processes = []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> SparkCluster:
         return self.start()
 
     def __exit__(

@@ -1,4 +1,4 @@
-"""A local SparkSession for the tests and their Spark harness processes."""
+"""SparkSessions for the tests and their Spark harness processes: local, or an application on a cluster."""
 
 from __future__ import annotations
 
@@ -22,6 +22,31 @@ def local_session(cores: int, memory: str, name: str = "cowrite-tests") -> Any:
         .config("spark.default.parallelism", str(cores))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", memory)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def cluster_session(master: str, name: str = "cowrite-tests") -> Any:
+    """An application on the standalone cluster at ``master`` with one core of its own, so that two
+    applications run side by side on a two-core worker. The executors run this virtualenv's Python; their
+    environment is the worker's, not this process's."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(master)
+        .appName(name)
+        .config("spark.cores.max", "1")
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", "512m")
+        .config("spark.driver.memory", "512m")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

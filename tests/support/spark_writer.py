@@ -1,9 +1,10 @@
 """A Spark application that writes a table with ``cowrite write --engine spark``, for the multi-process tests.
 
 Run it from ``tests/`` as ``python -m support.spark_writer --name NAME --peers N --barrier-dir DIR
---result FILE --round '["write", URI, "--input", ...]' [--round ...]``. Each process is a Spark application
-of its own: one SparkSession (``local[1]``), started first, which every ``cowrite`` command then uses (an
-active session is used as it is and left running). Each ``--round`` is one ``cowrite`` command line (a
+--result FILE --round '["write", URI, "--input", ...]' [--round ...] [--master spark://...]``. Each process
+is a Spark application of its own: one SparkSession (``local[1]``, or one core of the cluster at
+``--master``), started first, which every ``cowrite`` command then uses (an active session is used as it
+is and left running). Each ``--round`` is one ``cowrite`` command line (a
 JSON list), run through :mod:`cowrite.cli` in this process, so its exit code is the CLI's: 0 committed,
 3 write conflict, and so on.
 
@@ -27,7 +28,7 @@ from typing import Any
 from cowrite import steps
 from cowrite.cli import cli
 from cowrite.steps import Step
-from support.spark import local_session
+from support.spark import cluster_session, local_session
 
 
 def wait_for_peers(directory: Path, round_number: int, name: str, peers: int, timeout: float) -> None:
@@ -53,7 +54,9 @@ def install_barrier(directory: Path, name: str, peers: int, timeout: float, bega
     steps.observe_forever(observer)
 
 
-def start_spark() -> Any:
+def start_spark(master: str) -> Any:
+    if master.startswith("spark://"):
+        return cluster_session(master, "cowrite-spark-writer")
     return local_session(1, "512m", "cowrite-spark-writer")
 
 
@@ -73,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--round", action="append", default=[], help="a cowrite command line as JSON")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--master", default="local[1]", help="local[1] or a spark:// URL")
     args = parser.parse_args(argv)
     began: list[str] = []
     install_barrier(args.barrier_dir, args.name, args.peers, args.timeout, began)
-    spark = start_spark()
+    spark = start_spark(args.master)
     codes = []
     try:
         for command in args.round:
