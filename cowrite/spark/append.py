@@ -74,6 +74,15 @@ def record_bytes_of(table: Table, timeline: Timeline) -> float | None:
     return None
 
 
+def distinct_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` function: the distinct rows of a task's input (of a few columns: the partition
+    fields, to learn which partitions an insert touches in one job without a shuffle)."""
+    found = [b for b in batches if b.num_rows]
+    if found:
+        data = pa.Table.from_batches(found)
+        yield from data.group_by(data.column_names, use_threads=False).aggregate([]).to_batches()
+
+
 @dataclass(frozen=True)
 class NewFileGroups:
     """A task's records as new file groups of the target size, a marker created before each base file.

@@ -13,7 +13,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete
 from cowrite.engine.planning import SizingPolicy, estimate_record_bytes
-from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.engine.records import PARTITION_PATH, RECORD_KEY, partition_paths
 from cowrite.errors import CommitStateUnknownError, ConfigError
 from cowrite.format import config as keys
 from cowrite.format.fs_view import FileSystemView
@@ -27,6 +27,7 @@ from cowrite.spark.append import (
     SmallGroups,
     delete_markers,
     delete_unreported,
+    distinct_rows,
     record_bytes_of,
     small_file_groups,
 )
@@ -60,7 +61,7 @@ class AppendPipeline(Driver):
             transaction.share_lease()  # the tasks check it
             # no file is known before the tasks write: the plan names none, the markers name them all
             transaction.plan(self._metadata(operation, (), {}, schema))
-            small, record_bytes = self._small_file_groups(operation, transaction.begin_timeline)
+            small, record_bytes = self._small_file_groups(data, operation, transaction.begin_timeline)
             self._fit_batches(df, record_bytes)
             files = NewFileGroups(
                 self.spec,
@@ -96,25 +97,38 @@ class AppendPipeline(Driver):
         return done
 
     def _small_file_groups(
-        self, operation: SparkOperation, timeline: Timeline
+        self, data: DataFrame, operation: SparkOperation, timeline: Timeline
     ) -> tuple[SmallGroups, float | None]:
         """The small file groups an append fills (partition -> (base file, room)), and the bytes per
         record of the table's files (None for a table without any).
 
-        A bulk_insert fills none. An insert looks at every partition of the table — which ones its
-        input touches is unknown without a pass over it — so it lists the files of every partition:
-        one listing, against the count job and the persist of the input a plan from counts would cost.
+        A bulk_insert fills none. An insert into a table with files looks in the partitions its input
+        touches, and only there: a job over the input's partition columns finds them (Spark reads no
+        other column of a columnar source), where a listing of every partition of the table costs a
+        request per thousand files on an object store.
         """
         table = self.table
         small_file_bytes = self.config.get(keys.PARQUET_SMALL_FILE_LIMIT)
         if operation is SparkOperation.BULK_INSERT or small_file_bytes <= 0:
             return {}, record_bytes_of(table, timeline)
-        view = FileSystemView.build(table, timeline)
-        if not view.groups:
+        if not timeline.data_commits():
             return {}, None
+        view = FileSystemView.build(table, timeline, partitions=self._partitions_of(data))
+        if not view.groups:
+            return {}, record_bytes_of(table, timeline)
         record_bytes = estimate_record_bytes(view, table.storage, pa.table({}), sorted(view.partitions))
         sizing = SizingPolicy(self.config.get(keys.PARQUET_MAX_FILE_SIZE), small_file_bytes, record_bytes)
         return small_file_groups(view, sizing), record_bytes
+
+    def _partitions_of(self, data: DataFrame) -> list[str]:
+        """The partition paths of the input's records (its bad partition values fail here, first)."""
+        fields = self.table.partition_fields
+        if not fields:
+            return [""]
+        columns = data.select(*fields)
+        values = self._run("partitions", lambda: columns.mapInArrow(distinct_rows, columns.schema).toArrow())
+        paths = partition_paths(values, fields, self.table.hive_style_partitioning, self.spec.source)
+        return sorted(set(paths.to_pylist()))
 
     def _set_aside_and_fill(self, data: DataFrame, files: NewFileGroups, small: SmallGroups) -> DataFrame:
         """Stage 1 writes the records of other partitions where they are and sets aside, per task, as

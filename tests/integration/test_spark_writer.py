@@ -509,10 +509,11 @@ def test_an_insert_without_small_file_groups_to_fill_is_one_spark_job(spark: Any
     assert_stats_describe_files(table)
     cached.unpersist()
 
-    # those file groups are small now: the next insert's tasks set aside their share for them, and a
-    # second stage, after a shuffle by partition, fills them — still nothing counted or persisted first
+    # those file groups are small now: a job over the partition column finds the partitions to look in,
+    # the next insert's tasks set aside their share for them, and a second stage, after a shuffle by
+    # partition, fills them — still nothing counted or persisted first
     second = frame(*((i, "abc"[i % 3], 1, f"v{i}") for i in range(30, 40)))
-    assert spark_jobs(spark, lambda: engine.insert(spark.createDataFrame(second))) == 2
+    assert spark_jobs(spark, lambda: engine.insert(spark.createDataFrame(second))) == 3
     assert engine.metrics.routed_file_groups > 0 and engine.metrics.persisted == []
     # bulk_insert never fills: one job, whatever the table holds (GLOBAL_SORT: a range shuffle, whose
     # sampling and map stage are jobs of their own);
@@ -847,3 +848,32 @@ def test_spark_writes_and_reads_a_table_on_s3(spark: Any, s3_server: S3Server, t
     spark.createDataFrame(more).write.format("cowrite").mode("append").options(**storage).save(uri)
     local.insert(more)
     assert snapshot(table) == snapshot(local_table) == hudi_rs.snapshot(uri, options)
+
+
+def test_a_spark_insert_lists_only_the_partitions_it_touches(spark: Any, s3_server: S3Server) -> None:
+    """Into a table of 1,000 partitions on S3, an insert touching 3 lists those 3 data directories to
+    find small file groups, and no other."""
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cowrite.format.fs_view import BaseFile
+
+    name = f"spark-{uuid.uuid4().hex}"
+    options = s3_server.storage_options()
+    table = create(f"s3://{s3_server.bucket}/{name}", options, partition_fields=["p"], ordering_fields=["ts"])
+    first = frame((1, "x", 1, "first"))
+    LocalWriter(table).insert(first)
+    old = "20261121000000000"  # before the table's first instant: files of archived commits
+    paths = [f"{n}/{BaseFile.file_name(f'g{n}', '0-1-0', old)}" for n in range(1000)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda path: table.storage.write(path, b""), paths))
+    before = s3_server.listed(name)
+    second = frame((2, "x", 1, "second"), (3, "y", 1, "second"), (4, "z", 1, "second"))
+    SparkWriter(table, spark).insert(spark.createDataFrame(second))
+    listed = s3_server.listed(name) - before
+    data = {prefix: n for prefix, n in listed.items() if not prefix.startswith(f"{name}/.hoodie/")}
+    assert data == {f"{name}/{p}/": 1 for p in "xyz"}
+    # the rest: the timeline (4), the lock directory (3) and the write's markers (2)
+    assert sum(listed.values()) <= 12, sorted(listed.items())
+    # the dummy files are no parquet: read what the two commits wrote
+    assert hudi_rs.incremental(table.uri, storage_options=options) == rows(pa.concat_tables([first, second]))
