@@ -3,6 +3,7 @@
     .venv/bin/python bench/spark_write.py                    # 1M rows, 10 % upsert, 3 rounds, local[2]
     .venv/bin/python bench/spark_write.py --rows 200000      # a quicker run
     .venv/bin/python bench/spark_write.py --master 'local[4]' --rounds 5
+    .venv/bin/python bench/spark_write.py --s3 --delay 0.02   # on the S3 server, 20 ms a request
 
 One SparkSession (``spark.driver.memory=2g``: in local mode driver and executors share that one JVM, so
 the heap budget of the whole job is 2 GB). The input is generated, cached and counted before anything is
@@ -25,6 +26,12 @@ Memory: the JVM's peak heap (sum of the heap pools' peaks), the JVM's and the dr
 size, and the largest peak resident size of a Python worker — from /proc, the JVM's own management beans
 and ``resource``, no extra packages. Targets: insert at most 1.5x, upsert at most 3x the plain write;
 everything within the 2 GB heap.
+
+``--s3`` writes to the tests' moto S3 server behind the object-store benchmark's delaying proxy
+(``--delay`` seconds a request) instead of local disk. Spark's own ``s3a://`` needs hadoop-aws jars that no
+package here provides, so the plain write there is the plainest job that writes the same rows to the same
+server: ``mapInArrow``, each task one parquet file through s3fs. The requests each write made are printed
+by kind.
 """
 
 from __future__ import annotations
@@ -212,42 +219,124 @@ def mib(value: float) -> str:
     return f"{value / 1024**2:,.0f} MiB"
 
 
+# -- where a round writes ---------------------------------------------------------------------------------
+class LocalDisk:
+    """Directories under a temporary root; the plain write is ``df.write.parquet``."""
+
+    storage_options: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="cowrite-bench-spark-"))
+
+    def uri(self, name: str) -> str:
+        return str(self.root / name)
+
+    def plain_write(self, frame: Any, name: str) -> None:
+        frame.write.mode("overwrite").parquet(self.uri(name))
+
+    def parquet_files(self, name: str) -> int:
+        return len(list((self.root / name).rglob("*.parquet")))
+
+    def requests(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ObjectStore:
+    """Keys of the tests' S3 server, reached through the delaying proxy; the plain write is one parquet
+    file per task through s3fs (what ``df.write.parquet`` to ``s3a://`` would do with the jars)."""
+
+    def __init__(self, delay: float) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench.objectstore import BUCKET, cowrite_options, s3_server
+        from bench.proxy import DelayingProxy
+
+        self._server = s3_server()
+        server = self._server.__enter__()
+        self._proxy = DelayingProxy(server.endpoint_url, delay=delay).__enter__()
+        self.storage_options = cowrite_options(self._proxy.endpoint_url, "spark")
+        self.root = f"s3://{BUCKET}/spark-write"
+
+    def uri(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def plain_write(self, frame: Any, name: str) -> None:
+        write = _ParquetTasks(self.uri(name), self.storage_options)
+        frame.mapInArrow(write, "files long").collect()
+
+    def parquet_files(self, name: str) -> int:
+        import fsspec
+
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options)
+        return len([p for p in fs.find(self.uri(name)) if p.endswith(".parquet")])
+
+    def requests(self) -> str:
+        """The requests since the last call, by kind."""
+        counts = self._proxy.reset()
+        return " ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
+
+    def close(self) -> None:
+        self._proxy.__exit__(None, None, None)
+        self._server.__exit__(None, None, None)
+
+
+class _ParquetTasks:
+    """A ``mapInArrow`` function: the task's rows as one parquet file under ``uri``, through s3fs."""
+
+    def __init__(self, uri: str, options: dict[str, Any]) -> None:
+        self.uri, self.options = uri, options
+
+    def __call__(self, batches: Any) -> Any:
+        import uuid
+
+        import fsspec
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = pa.Table.from_batches(list(batches))
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.options)
+        with fs.open(f"{self.uri}/part-{uuid.uuid4().hex}.parquet", "wb") as out:
+            pq.write_table(rows, out)
+        yield pa.RecordBatch.from_pydict({"files": [1]})
+
+
 # -- the rounds ------------------------------------------------------------------------------------------
-def one_round(spark: Any, data: Any, batch: Any, root: Path, memory: Memory) -> dict[str, float]:
+def one_round(spark: Any, data: Any, batch: Any, place: Any, prefix: str, memory: Memory) -> dict[str, float]:
     from cowrite.format.table import Table
     from cowrite.spark import SparkWriter
 
     times: dict[str, float] = {}
     cpu: dict[str, float] = {}
     jobs: dict[str, float] = {}
-    plain, plain_batch, table_dir = root / "plain", root / "plain-batch", root / "table"
+    requests: dict[str, str] = {}
 
-    def plain_write(name: str) -> None:
-        times[name] = timed(lambda: data.write.mode("overwrite").parquet(str(plain)), name, cpu, jobs)
+    def write(name: str, action: Callable[[], Any]) -> None:
+        place.requests()
+        times[name] = timed(action, name, cpu, jobs)
+        requests[name] = place.requests()
         memory.sample()
 
     table = Table.create(
-        str(table_dir),
+        place.uri(f"{prefix}/table"),
         name="bench",
         record_key_fields=["id"],
         partition_fields=["day"],
         ordering_fields=["ts"],
+        storage_options=place.storage_options,
     )
     writer = SparkWriter(table, spark)
-    plain_write("parquet")
-    times["insert"] = timed(lambda: writer.insert(data), "insert", cpu, jobs)
-    memory.sample()
-    plain_write("parquet before upsert")
-    times["upsert"] = timed(lambda: writer.upsert(batch), "upsert", cpu, jobs)
-    memory.sample()
-    times["parquet batch"] = timed(
-        lambda: batch.write.mode("overwrite").parquet(str(plain_batch)), "parquet batch", cpu, jobs
-    )
-    times["files"] = float(len([p for p in table_dir.rglob("*.parquet")]))
+    write("parquet", lambda: place.plain_write(data, f"{prefix}/plain"))
+    write("insert", lambda: writer.insert(data))
+    write("parquet before upsert", lambda: place.plain_write(data, f"{prefix}/plain-2"))
+    write("upsert", lambda: writer.upsert(batch))
+    write("parquet batch", lambda: place.plain_write(batch, f"{prefix}/plain-batch"))
+    times["files"] = float(place.parquet_files(f"{prefix}/table"))
     times.update({f"cpu {name}": seconds for name, seconds in cpu.items()})
     times.update({f"jobs {name}": count for name, count in jobs.items()})
-    for directory in (plain, plain_batch, table_dir):
-        shutil.rmtree(directory, ignore_errors=True)
+    if any(requests.values()):
+        print(f"{prefix}: requests " + "; ".join(f"{name}: {kinds}" for name, kinds in requests.items()))
     return times
 
 
@@ -260,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--verbose", action="store_true", help="log the time of each Spark job of a write")
+    parser.add_argument("--s3", action="store_true", help="write to the S3 server behind the delaying proxy")
+    parser.add_argument("--delay", type=float, default=0.02, help="seconds a request is held (--s3)")
     args = parser.parse_args(argv)
     if args.verbose:
         logging.basicConfig(format="%(relativeCreated)8.0f ms %(message)s")
@@ -267,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("cowrite.protocol.transaction").setLevel(logging.DEBUG)
 
     load = os.getloadavg()
+    where = f"S3 at {args.delay * 1000:.0f} ms a request" if args.s3 else "local disk"
     print(f"cpus {os.cpu_count()}, load average {load[0]:.2f} {load[1]:.2f}, master {args.master}, "
-          f"{args.rows:,} rows in {args.days} partitions, upsert {args.fraction:.0%}")  # fmt: skip
+          f"{args.rows:,} rows in {args.days} partitions, upsert {args.fraction:.0%}, {where}")  # fmt: skip
     spark = start(args.master, args.shuffle_partitions)
     memory = Memory(spark)
     CLOCKS.append(memory)
@@ -276,12 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     batch = updates(spark, data, args.fraction)
     print(f"input cached: {data.count():,} rows in {data.rdd.getNumPartitions()} tasks; "
           f"upsert batch {batch.count():,} rows")  # fmt: skip
-    root = Path(tempfile.mkdtemp(prefix="cowrite-bench-spark-"))
+    place = ObjectStore(args.delay) if args.s3 else LocalDisk()
     try:
-        one_round(spark, data, batch, root / "warm-up", memory)
-        results = [one_round(spark, data, batch, root / f"round-{n}", memory) for n in range(args.rounds)]
+        one_round(spark, data, batch, place, "warm-up", memory)
+        results = [one_round(spark, data, batch, place, f"round-{n}", memory) for n in range(args.rounds)]
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        place.close()
 
     columns = ("parquet", "insert", "parquet before upsert", "upsert", "parquet batch")
     print(
