@@ -433,10 +433,11 @@ class S3Storage(Storage):
             if client.meta.region_name:
                 client_kwargs.setdefault("region_name", client.meta.region_name)
             options["client_kwargs"] = client_kwargs
-        if "key" not in options and "secret" not in options and "profile" not in options:
+        if "key" not in options and "secret" not in options:
             credentials = sync(self.fs.loop, self.fs.session.get_credentials)
             if credentials is not None:
                 frozen = sync(self.fs.loop, credentials.get_frozen_credentials)
+                options.pop("profile", None)  # a profile names a file the executor's machine lacks
                 options.update(key=frozen.access_key, secret=frozen.secret_key)
                 if frozen.token:
                     options["token"] = frozen.token
