@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -253,9 +254,9 @@ class ObjectStore:
         from bench.objectstore import BUCKET, cowrite_options, s3_server
         from bench.proxy import DelayingProxy
 
-        self._server = s3_server()
-        server = self._server.__enter__()
-        self._proxy = DelayingProxy(server.endpoint_url, delay=delay).__enter__()
+        self._running = ExitStack()
+        server = self._running.enter_context(s3_server())
+        self._proxy = self._running.enter_context(DelayingProxy(server.endpoint_url, delay=delay))
         self.storage_options = cowrite_options(self._proxy.endpoint_url, "spark")
         self.root = f"s3://{BUCKET}/spark-write"
 
@@ -278,8 +279,7 @@ class ObjectStore:
         return " ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
 
     def close(self) -> None:
-        self._proxy.__exit__(None, None, None)
-        self._server.__exit__(None, None, None)
+        self._running.close()
 
 
 class _ParquetTasks:

@@ -236,15 +236,8 @@ class ZooKeeperServer:
             return ""
 
     def _stop_process(self) -> None:
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=10)
+        if self._process is not None:
+            _terminate(self._process)
         self._process = None
 
     def stop(self) -> None:
@@ -335,13 +328,7 @@ class SparkCluster:
 
     def stop(self) -> None:
         for process in reversed(self._processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            _terminate(process)
         self._processes = []
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -354,6 +341,17 @@ class SparkCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, and SIGKILL if the process has not exited ``timeout`` seconds later."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def _free_port() -> int:
