@@ -6,22 +6,30 @@ killed with SIGKILL or stopped with SIGSTOP at protocol steps and at random mome
 slow storage calls; a daemon (in this process, in a process of its own, killed and restarted, or none)
 and a cleaner; incremental consumers pulling all along. Once everything settled, ``checker.py`` verifies
 the nine invariants of DESIGN.md. :func:`run` is what ``tests/test_chaos.py`` calls in quick mode.
+
+``python -m bench.chaos --soak --faults 10000`` runs many seeds of the soak profile in parallel processes,
+loading the machine on purpose, and prints one table of what was injected and what held (``soak.py``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .checker import Checker, Stats, Violation
-from .plan import LONG, QUICK, Profile, Scenario, scenario
+from .plan import LONG, PROFILES, QUICK, SOAK, Profile, Scenario, scenario
 from .runner import Run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -32,6 +40,17 @@ class ScenarioResult:
     seconds: float
     workdir: Path
     notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.scenario.index,
+            "store": self.scenario.store,
+            "describe": self.scenario.describe(),
+            "violations": [str(v) for v in self.violations],
+            "stats": asdict(self.stats),
+            "seconds": round(self.seconds, 1),
+            "workdir": str(self.workdir),
+        }
 
 
 @dataclass
@@ -55,36 +74,70 @@ class Report:
         s = self.stats
         return (
             f"scenarios: {s.scenarios}  kills: {s.kills} (daemon: {s.daemon_kills})  stops: {s.stops}  "
-            f"storage faults: {s.storage_faults}  commits: {s.commits} "
+            f"starvations: {s.starvations}  storage faults: {s.storage_faults}  commits: {s.commits} "
             f"(while no daemon ran: {s.commits_without_daemon})  conflicts: {s.conflicts}  "
-            f"lease losses: {s.lease_lost}  rollbacks: {s.rollbacks}  "
+            f"lease losses: {s.lease_lost} (stopped {s.lease_lost_stopped}, starved {s.lease_lost_starved}, "
+            f"running {s.lease_lost_running})  rollbacks: {s.rollbacks}  "
             f"consumer pulls: {s.consumer_pulls} "
             f"(retried: {s.consumer_retries}, resynced: {s.consumer_resyncs})  "
             f"violations: {len(self.violations)}  seed: {self.seed}"
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "mode": self.mode, "results": [r.to_json() for r in self.results]}
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """The tests' S3 server as the scenario's processes reach it: directly, or through a delaying proxy."""
+
+    bucket: str
+    endpoint_url: str
+    _options: dict[str, Any]
+    _env: dict[str, str]
+
+    def storage_options(self) -> dict[str, Any]:
+        client = {**self._options["client_kwargs"], "endpoint_url": self.endpoint_url}
+        return {**self._options, "client_kwargs": client}
+
+    def env(self) -> dict[str, str]:
+        return {**self._env, "AWS_ENDPOINT_URL": self.endpoint_url}
+
 
 @contextmanager
-def _s3_server() -> Iterator[Any]:
-    import os
-    import sys
+def _s3_endpoints(latencies: set[float]) -> Iterator[dict[float, S3Endpoint]]:
+    """The tests' moto server (serialised, like real S3's conditional PUT), and for each non-zero latency
+    the object-store benchmark's delaying proxy in front of it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.servers import S3Server
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    from support.servers import (
-        S3Server,
-    )  # the tests' moto server (serialised, like real S3's conditional PUT)
+    from bench.proxy import DelayingProxy
 
-    with S3Server(bucket="cowrite-chaos") as server:
-        saved = {k: os.environ.get(k) for k in server.env()}
-        os.environ.update(server.env())  # the in-process daemon opens tables by URI, like a deployed one
-        try:
-            yield server
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with ExitStack() as stack:
+        server = stack.enter_context(S3Server(bucket="cowrite-chaos"))
+        endpoints = {}
+        for latency in latencies:
+            url = server.endpoint_url
+            if latency:
+                url = stack.enter_context(DelayingProxy(server.endpoint_url, delay=latency)).endpoint_url
+            endpoints[latency] = S3Endpoint(server.bucket, url, server.storage_options(), server.env())
+        yield endpoints
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment meanwhile: the in-process daemon opens tables by URI,
+    like a deployed one, and finds the S3 endpoint there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(
@@ -97,28 +150,37 @@ def run(
     backends: tuple[str, ...] = ("local", "s3"),
     progress: Callable[[str], None] = lambda _: None,
 ) -> Report:
-    """Run ``scenarios`` scenarios of ``seed`` (or only the numbers in ``only``) and check each."""
-    report = Report(seed, "long" if profile.rounds == LONG.rounds else "quick")
+    """Run ``scenarios`` scenarios of ``seed`` (or only the numbers in ``only``) and check each.
+
+    A scenario the harness itself fails to run or check (an exception of its own) is reported as a
+    ``harness`` violation with its traceback, and its directory is kept: the run goes on.
+    """
+    report = Report(seed, next((name for name, p in PROFILES.items() if p == profile), "custom"))
     root = workdir or Path(tempfile.mkdtemp(prefix=f"cowrite-chaos-{seed}-"))
     plans = [scenario(seed, i, profile, backends) for i in (only if only is not None else range(scenarios))]
-    needs_s3 = any(p.backend == "s3" for p in plans)
-    server_context = _s3_server() if needs_s3 else _nothing()
-    with server_context as s3:
+    latencies = {p.latency for p in plans if p.backend == "s3"}
+    latencies |= {0.0} if latencies else set()  # the checker reads without delay
+    with _s3_endpoints(latencies) if latencies else _nothing() as endpoints:
         for plan in plans:
             progress(plan.describe())
             started = time.monotonic()
             directory = root / f"scenario-{plan.index}"
-            outcome = Run(plan, directory, s3).execute()
-            violations, stats = Checker(outcome).check()
-            result = ScenarioResult(
-                plan, violations, stats, time.monotonic() - started, directory, outcome.notes
-            )
+            endpoint = endpoints[plan.latency] if plan.backend == "s3" else None
+            try:
+                with _environment(endpoint.env() if endpoint else {}):
+                    outcome = Run(plan, directory, endpoint, endpoints.get(0.0)).execute()
+                    violations, stats = Checker(outcome).check()
+                notes = outcome.notes
+            except Exception as exc:
+                violations = [Violation("harness", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")]
+                stats, notes = Stats(scenarios=1), []
+            result = ScenarioResult(plan, violations, stats, time.monotonic() - started, directory, notes)
             report.results.append(result)
             verdict = "ok" if not violations else f"{len(violations)} VIOLATIONS (kept in {directory})"
             progress(
                 f"  -> {verdict} in {result.seconds:.1f} s: {stats.commits} commits, {stats.kills} kills, "
-                f"{stats.stops} stops, {stats.storage_faults} storage faults, {stats.conflicts} conflicts, "
-                f"{stats.rollbacks} rollbacks"
+                f"{stats.stops} stops, {stats.starvations} starvations, {stats.storage_faults} storage "
+                f"faults, {stats.conflicts} conflicts, {stats.rollbacks} rollbacks"
             )
             for violation in violations:
                 progress(f"     {violation}")
@@ -130,8 +192,8 @@ def run(
 
 
 @contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
+def _nothing() -> Iterator[dict[float, S3Endpoint]]:
+    yield {}
 
 
-__all__ = ["LONG", "QUICK", "Report", "run"]
+__all__ = ["LONG", "QUICK", "SOAK", "Report", "run"]

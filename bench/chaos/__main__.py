@@ -1,28 +1,44 @@
 """``python -m bench.chaos --seed N --scenarios K [--long]``: run the harness, print the counts.
 
 Exits 1 if any invariant was violated (the scenarios' directories are kept and named), 0 otherwise.
-``--only I [I ...]`` replays single scenarios of the same seed.
+``--only I [I ...]`` replays single scenarios of the same seed. ``--soak --faults F`` runs seeds of the
+soak profile in parallel until F faults were injected (``soak.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import LONG, QUICK, run
+from . import PROFILES, run
+from .soak import soak
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, help="seed of the run (default: random, printed)")
-    parser.add_argument("--scenarios", type=int, default=5, help="how many scenarios (default 5)")
+    parser.add_argument("--scenarios", type=int, help="how many scenarios (default 5; a soak: 10 a seed)")
     parser.add_argument("--long", action="store_true", help="bigger scenarios, S3 (moto) among them")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="quick (default), long (as --long), or soak: half the scenarios on S3, two thirds of those "
+        "behind 20 or 50 ms round trips, starvation, calm scenarios, more storage faults",
+    )
+    parser.add_argument("--json", type=Path, help="also write the report here, as JSON")
+    soaking = parser.add_argument_group("soak")
+    soaking.add_argument("--soak", action="store_true", help="run seeds in parallel until --faults/--minutes")
+    soaking.add_argument("--faults", type=int, default=10_000, help="faults to inject in all (default 10000)")
+    soaking.add_argument("--minutes", type=float, help="and start no seed after this many minutes")
+    soaking.add_argument("--parallel", type=int, default=os.cpu_count() or 2, help="seeds at once (cores)")
     parser.add_argument("--only", type=int, nargs="+", help="replay only these scenario numbers")
     parser.add_argument("--local-only", action="store_true", help="no S3 scenarios")
     parser.add_argument("--workdir", type=Path, help="keep tables and logs here (default: a temporary dir)")
@@ -40,12 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         format="%(name)s %(levelname)s %(message)s",
     )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    mode = ("long" if args.long else "quick") + (", unsafe window" if args.unsafe_window else "")
+    if args.soak:
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cowrite-soak-"))
+        return soak(args.faults, args.minutes, args.parallel, seed, args.scenarios or 10, workdir)
+    args.scenarios = args.scenarios or 5
+    name = args.profile or ("long" if args.long else "quick")
+    mode = name + (", unsafe window" if args.unsafe_window else "")
     print(
         f"cowrite chaos: seed {seed}, {args.scenarios} scenarios ({mode}), {os.cpu_count()} cpus", flush=True
     )
     started = time.monotonic()
-    profile = LONG if args.long else QUICK
+    profile = PROFILES[name]
     if args.unsafe_window:
         profile = replace(profile, unsafe=True)
     report = run(
@@ -59,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         progress=lambda line: print(line, flush=True),
     )
     print(report.summary())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_json()))
     print(
         f"took {time.monotonic() - started:.0f} s; replay: python -m bench.chaos --seed {seed} "
-        f"--scenarios {args.scenarios}{' --long' if args.long else ''}"
+        f"--scenarios {args.scenarios} --profile {name}"
         f"{' --unsafe-window' if args.unsafe_window else ''}"
         + (
             ""

@@ -56,6 +56,7 @@ class Stats:
     scenarios: int = 0
     kills: int = 0
     stops: int = 0
+    starvations: int = 0
     storage_faults: int = 0
     commits: int = 0
     conflicts: int = 0
@@ -65,7 +66,20 @@ class Stats:
     consumer_retries: int = 0
     consumer_resyncs: int = 0
     lease_lost: int = 0
+    # lease losses by cause: the writer was stopped (at a step, or briefly), starved, or neither (running)
+    lease_lost_stopped: int = 0
+    lease_lost_starved: int = 0
+    lease_lost_running: int = 0
     commits_without_daemon: int = 0
+    writer_seconds: float = 0.0  # time each writer process ran after the release, summed
+    # per instant of a writer neither stopped nor starved: its longest wait between two renewals of the
+    # heartbeat (from the claim), as a fraction of the lease's tolerance
+    renewal_gaps: list[float] = field(default_factory=list)
+    commit_seconds: list[float] = field(default_factory=list)  # per published instant: claimed -> published
+
+    @property
+    def faults(self) -> int:
+        return self.kills + self.stops + self.starvations + self.storage_faults
 
     def add(self, other: Stats) -> None:
         for name in vars(self):
@@ -102,7 +116,9 @@ class Checker:
         self.interval = outcome.policy.interval
         self.claims: dict[str, dict[str, Any]] = {}
         self.rounds: dict[tuple[int, int], dict[str, Any]] = {}
-        self.beats: dict[str, list[float]] = defaultdict(list)
+        self.beats: dict[str, list[float]] = defaultdict(list)  # as judges see them: storage times
+        self.beat_walls: dict[str, list[float]] = defaultdict(list)  # as the writer saw them
+        self._released = next((h["wall"] for h in outcome.harness if h["kind"] == "release"), 0.0)
         self.life: dict[str, list[float]] = defaultdict(list)  # instant -> moments its writer was known alive
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
         self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
@@ -113,6 +129,7 @@ class Checker:
 
     # -- evidence --------------------------------------------------------------------------------
     def _collect_events(self) -> None:
+        lost: list[dict[str, Any]] = []
         for worker, events in self.o.events.items():
             for event in events:
                 kind = event["event"]
@@ -128,6 +145,7 @@ class Checker:
                     self.life[instant].append(event["wall"])
                 elif kind == "beat":
                     self.beats[instant].append(event["modified"])
+                    self.beat_walls[instant].append(event["wall"])
                 elif kind == "planned":
                     self.life[instant].append(event["wall"])
                     self.planned[instant].append(event["wall"])
@@ -138,6 +156,11 @@ class Checker:
                         self.stats.conflicts += 1
                     if event.get("cause") == "LeaseLostError":
                         self.stats.lease_lost += 1
+                        lost.append(event)
+                elif kind == "published":
+                    claim = self.claims.get(instant)
+                    if claim is not None:
+                        self.stats.commit_seconds.append(round(event["wall"] - claim["wall"], 3))
                 elif kind == "round":
                     self.rounds[(worker, event["round"])] = event
                     if event["outcome"] == "crash":
@@ -159,9 +182,71 @@ class Checker:
                 self.stats.kills += 1
             elif fault["kind"] == "short-stop":
                 self.stats.stops += 1
+            elif fault["kind"] == "starve":
+                self.stats.starvations += 1
             elif fault["kind"] == "daemon-kill":
                 self.stats.kills += 1
                 self.stats.daemon_kills += 1
+        for event in lost:
+            self._lease_lost(event)
+
+    def _paused(self, worker: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """(stopped, starved): the periods, in wall time, in which ``worker`` could not run freely."""
+        stopped: list[tuple[float, float]] = []
+        events = self.o.events.get(worker, [])
+        for event in events:
+            if event["event"] == "fault" and event["kind"] == "stop":
+                resumed = next(
+                    (e["wall"] for e in events if e["event"] == "resumed" and e["wall"] >= event["wall"]),
+                    float("inf"),
+                )
+                stopped.append((event["wall"], resumed))
+        starved: list[tuple[float, float]] = []
+        for fault in self.o.harness:
+            if fault.get("writer") != worker:
+                continue
+            if fault["kind"] == "short-stop":
+                stopped.append((fault["wall"] - fault["duration"] - EPSILON, fault["wall"]))
+            elif fault["kind"] == "starve":
+                starved.append((fault["wall"], fault["until"] + EPSILON))
+        return stopped, starved
+
+    def _lease_lost(self, abort: dict[str, Any]) -> None:
+        """Count a lease loss by its cause; a writer that was neither stopped nor starved while it held
+        that lease lost it running: with the lease settings of a store behind real round trips (what a
+        user would choose there), that is a spurious abort, and a violation."""
+        worker, instant, when = abort["worker"], abort["instant"], abort["wall"]
+        claimed = self.claims.get(instant, {}).get("wall", when - 3600)
+        stopped, starved = self._paused(worker)
+        if any(start <= when and end >= claimed for start, end in stopped):
+            self.stats.lease_lost_stopped += 1
+        elif any(start <= when and end >= claimed for start, end in starved):
+            self.stats.lease_lost_starved += 1
+        else:
+            self.stats.lease_lost_running += 1
+            if self.scenario.latency:
+                outcome = self.rounds.get((worker, abort["round"]), {})
+                self.fail(
+                    "lease",
+                    f"w{worker} lost the lease of {instant} while it ran (neither stopped nor starved) "
+                    f"{when - claimed:.1f} s after claiming it {outcome.get('message', '')}".rstrip(),
+                )
+
+    def _lease_use(self) -> None:
+        """Renewal gaps of every instant whose writer ran freely, as a fraction of the tolerance."""
+        for worker, events in self.o.events.items():
+            stopped, starved = self._paused(worker)
+            exits = [e["wall"] for e in events]
+            if exits:
+                self.stats.writer_seconds += max(exits) - self._released
+            for instant, claim in self.claims.items():
+                if claim["worker"] != worker or not self.beats.get(instant):
+                    continue
+                moments = [claim["wall"], *self.beat_walls[instant]]
+                if any(s <= moments[-1] and e >= moments[0] for s, e in stopped + starved):
+                    continue
+                gap = max(b - a for a, b in zip(moments, moments[1:], strict=False))
+                self.stats.renewal_gaps.append(round(gap / self.tolerance, 3))
 
     def _collect_timeline(self) -> Evidence:
         files: list[TimelineFile] = []
@@ -217,6 +302,8 @@ class Checker:
         for problem in self.o.problems:
             self.fail("robustness", problem)
         self._collect_events()
+        self._lease_use()
+        self.check_liveness()
         evidence = self._collect_timeline()
         data = sorted(
             (evidence.completed[t] for t in evidence.metadata), key=lambda f: f.instant.completion_time or ""
@@ -233,6 +320,20 @@ class Checker:
         self.check_consumers(model, evidence)
         self.check_garbage(evidence)
         return self.violations, self.stats
+
+    def check_liveness(self) -> None:
+        """A calm scenario (disjoint work, nothing injected): every round of every writer committed."""
+        if not self.scenario.calm:
+            return
+        for plan in self.scenario.writers:
+            for number in range(len(plan.rounds)):
+                outcome = self.rounds.get((plan.index, number), {})
+                if outcome.get("outcome") != "ok":
+                    self.fail(
+                        "liveness",
+                        f"w{plan.index} round {number} of a calm scenario did not commit: "
+                        f"{outcome.get('outcome', 'no outcome')} {outcome.get('message', '')}".rstrip(),
+                    )
 
     def check_visibility(self, data: list[TimelineFile]) -> Model:
         """1: the snapshot (cowrite and hudi-rs) is the completed instants' batches, in commit order."""

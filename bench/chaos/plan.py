@@ -15,7 +15,7 @@ Keys are chosen so that the expected snapshot is exact whatever the interleaving
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # Protocol points at which a writer can be killed or stopped, in protocol order (see worker.py).
@@ -44,6 +44,8 @@ STORAGE_FAULTS = (
     "delete-lost-ack",
     "delete-slow",
 )
+# The daemon process, as the target of a timed fault (writers are numbered from 0).
+DAEMON = -1
 CONSUMER_MODES = ("completion-time", "overlay", "fence")
 DAEMON_MODES = ("none", "thread", "process", "process-killed")
 
@@ -88,8 +90,11 @@ class WriterPlan:
 @dataclass(frozen=True)
 class TimedFault:
     at: float  # seconds after the writers were released
-    writer: int
-    kind: str  # kill | stop (a SIGSTOP shorter than the lease margin: must change nothing)
+    writer: int  # or DAEMON (starvation only)
+    # kill | stop (one SIGSTOP shorter than the lease margin: must change nothing) | starve (SIGSTOP/SIGCONT
+    # bursts for ``duration`` seconds, each stop shorter than the margin: a process that gets a fraction of
+    # a CPU for whole heartbeat intervals, whose lease may expire while it is still running)
+    kind: str
     duration: float = 0.0
 
 
@@ -98,6 +103,8 @@ class Scenario:
     seed: int
     index: int
     backend: str  # local | s3
+    latency: float  # seconds each S3 request is held by a delaying proxy (0: none)
+    calm: bool  # disjoint work, no faults: every round of every writer must commit (liveness)
     partitions: tuple[str, ...]
     seed_rows: tuple[Row, ...]
     writers: tuple[WriterPlan, ...]
@@ -117,16 +124,24 @@ class Scenario:
     def tolerance(self) -> float:
         return self.interval_ms / 1000 * self.misses
 
+    @property
+    def store(self) -> str:
+        """The backend as the soak's table names it: ``local``, ``s3`` or ``s3+20ms``."""
+        return self.backend + (f"+{self.latency * 1000:.0f}ms" if self.latency else "")
+
     def describe(self) -> str:
         faults = [
             f"w{w.index}:{w.step_fault.kind}@{w.step_fault.step}/r{w.step_fault.round}"
             for w in self.writers
             if w.step_fault
         ]
-        faults += [f"w{t.writer}:{t.kind}@{t.at:.1f}s" for t in self.timed]
+        faults += [
+            f"{'daemon' if t.writer == DAEMON else f'w{t.writer}'}:{t.kind}@{t.at:.1f}s" for t in self.timed
+        ]
         storage = [f"w{w.index}:{w.fault_rate:.2f}" for w in self.writers if w.fault_rate]
         return (
-            f"scenario {self.index} ({self.backend}): {len(self.writers)} writers x "
+            f"scenario {self.index} ({self.store}{', calm' if self.calm else ''}): "
+            f"{len(self.writers)} writers x "
             f"{'/'.join(str(len(w.rounds)) for w in self.writers)} rounds, daemon={self.daemon}"
             f"{'+kills' if self.daemon_kills else ''}, cleaner={'yes' if self.cleaner_thread else 'no'}, "
             f"consumers={','.join(self.consumers) or '-'}, retained={self.commits_retained}, "
@@ -148,6 +163,11 @@ class Profile:
     max_skew: float
     s3_share: float  # fraction of scenarios on S3 (moto)
     timed_faults: tuple[int, int]
+    s3_latencies: tuple[float, ...] = (0.0,)  # an S3 scenario's round trip is one of these
+    starve: bool = False  # timed faults may starve a writer or the daemon
+    calm_share: float = 0.0  # fraction of calm scenarios (see Scenario.calm)
+    faulty_share: float = 0.5  # fraction of writers whose storage calls misbehave
+    fault_rates: tuple[float, float] = (0.02, 0.08)  # how often, for one of those writers
     cycle: bool = False  # daemon modes in turn and every consumer mode in every scenario (few scenarios)
     unsafe: bool = False  # stop writers at UNSAFE_STEP, where leases cannot protect (expect violations)
 
@@ -164,6 +184,31 @@ QUICK = Profile(
 LONG = Profile(
     writers=(3, 5), rounds=(3, 6), partitions=(2, 4), max_skew=10.0, s3_share=0.2, timed_faults=(0, 3)
 )
+# The soak: as long, and half of the scenarios on S3, two thirds of those behind 20 or 50 ms round trips.
+# More storage faults, the cheapest to run, so that thousands of faults fit in an hour or two.
+SOAK = replace(
+    LONG,
+    s3_share=0.5,
+    timed_faults=(1, 4),
+    s3_latencies=(0.0, 0.02, 0.05),
+    starve=True,
+    calm_share=0.1,
+    faulty_share=0.8,
+    fault_rates=(0.05, 0.15),
+)
+PROFILES = {"quick": QUICK, "long": LONG, "soak": SOAK}
+
+
+def lease(backend: str, latency: float) -> tuple[int, int]:
+    """(heartbeat interval in ms, tolerable misses) for a store: what a user would choose there.
+
+    S3 keeps modification times in whole seconds, and a renewal is a round trip or more: a lease there is
+    seconds long, and longer where a request takes tens of milliseconds (see the README's reliability
+    section for the settings not to go below).
+    """
+    if backend == "local":
+        return 200, 2
+    return (2000, 3) if latency else (1000, 3)
 
 
 def scenario(
@@ -174,6 +219,10 @@ def scenario(
     backend = "s3" if "s3" in backends and rng.random() < profile.s3_share else "local"
     if "local" not in backends:
         backend = "s3"
+    # (no draw where a profile has no choice, so that the quick and long profiles replay their old seeds)
+    latency = rng.choice(profile.s3_latencies) if backend == "s3" and len(profile.s3_latencies) > 1 else 0.0
+    if profile.calm_share and rng.random() < profile.calm_share:
+        return _calm(rng, seed, index, backend, latency, profile)
     partitions = tuple(f"p{i}" for i in range(rng.randint(*profile.partitions)))
     overwrite = rng.random() < 0.5
     seed_rows = [Row(f"u{p[1:]}-{j}", p, SEED_TS, "seed") for p in partitions for j in range(6)]
@@ -183,24 +232,15 @@ def scenario(
 
     count = rng.randint(*profile.writers)
     writers = tuple(_writer(rng, w, partitions, overwrite, profile) for w in range(count))
-    timed = tuple(
-        TimedFault(
-            at=round(rng.uniform(0.3, 3.0), 2),
-            writer=rng.randrange(count),
-            kind=(kind := rng.choice(("kill", "stop"))),
-            duration=round(rng.uniform(0.01, 0.04), 3) if kind == "stop" else 0.0,
-        )
-        for _ in range(rng.randint(*profile.timed_faults))
-    )
+    interval_ms, misses = lease(backend, latency)
+    tolerance = interval_ms / 1000 * misses
+    timed = tuple(_timed(rng, count, profile, tolerance) for _ in range(rng.randint(*profile.timed_faults)))
     daemon = rng.choice(DAEMON_MODES)
     if profile.cycle:
         daemon = DAEMON_MODES[index % len(DAEMON_MODES)]
     daemon_kills: tuple[float, ...] = ()
     if daemon == "process-killed":
         daemon_kills = tuple(sorted(round(rng.uniform(0.5, 4.0), 2) for _ in range(rng.randint(1, 2))))
-    s3 = backend == "s3"
-    interval_ms, misses = (1000, 3) if s3 else (200, 2)  # S3 keeps modification times in whole seconds
-    tolerance = interval_ms / 1000 * misses
     consumers = tuple(rng.choice(CONSUMER_MODES) for _ in range(rng.randint(1, 3)))
     if profile.cycle:
         consumers = CONSUMER_MODES
@@ -208,6 +248,8 @@ def scenario(
         seed=seed,
         index=index,
         backend=backend,
+        latency=latency,
+        calm=False,
         partitions=partitions,
         seed_rows=tuple(seed_rows),
         writers=writers,
@@ -226,6 +268,68 @@ def scenario(
     )
 
 
+def _timed(rng: random.Random, writers: int, profile: Profile, tolerance: float) -> TimedFault:
+    at = round(rng.uniform(0.3, 3.0), 2)
+    target = rng.randrange(writers)
+    kind = rng.choice(("kill", "stop", "starve") if profile.starve else ("kill", "stop"))
+    if kind == "starve" and rng.random() < 0.25:
+        target = DAEMON  # skipped where the daemon is no process of its own
+    duration = 0.0
+    if kind == "stop":
+        duration = round(rng.uniform(0.01, 0.04), 3)
+    elif kind == "starve":
+        duration = round(rng.uniform(1.0, 2.0) * tolerance, 2)  # whole heartbeat intervals, and more
+    return TimedFault(at=at, writer=target, kind=kind, duration=duration)
+
+
+def _calm(
+    rng: random.Random, seed: int, index: int, backend: str, latency: float, profile: Profile
+) -> Scenario:
+    """Each writer upserts into a partition of its own, nothing is injected: every round must commit."""
+    count = rng.randint(*profile.writers)
+    partitions = tuple(f"p{w}" for w in range(count))
+    seed_rows = tuple(Row(f"u{w}-{j}", f"p{w}", SEED_TS, "seed") for w in range(count) for j in range(6))
+    writers = tuple(
+        WriterPlan(
+            index=w,
+            rounds=tuple(
+                Round("upsert", (Row(f"u{w}-{r % 6}", f"p{w}", SEED_TS + 1 + r, f"w{w}.r{r}"),
+                                 Row(f"n{w}-{r}-0", f"p{w}", 0, f"w{w}.r{r}")))
+                for r in range(rng.randint(*profile.rounds))
+            ),
+            skew=0.0,
+            step_fault=None,
+            fault_rate=0.0,
+            fault_kinds=(),
+            retries=0,
+            early_conflicts=False,
+            pause_between_rounds=0.0,
+        )
+        for w in range(count)
+    )
+    interval_ms, misses = lease(backend, latency)
+    return Scenario(
+        seed=seed,
+        index=index,
+        backend=backend,
+        latency=latency,
+        calm=True,
+        partitions=partitions,
+        seed_rows=seed_rows,
+        writers=writers,
+        timed=(),
+        daemon=rng.choice(("none", "thread", "process")),
+        daemon_kills=(),
+        cleaner_thread=rng.random() < 0.5,
+        consumers=(rng.choice(CONSUMER_MODES),),
+        commits_retained=4,
+        archive=None,
+        interval_ms=interval_ms,
+        misses=misses,
+        stop_for=0.0,
+    )
+
+
 def _writer(
     rng: random.Random, index: int, partitions: tuple[str, ...], overwrite: bool, profile: Profile
 ) -> WriterPlan:
@@ -235,13 +339,13 @@ def _writer(
         fault = StepFault(rng.randrange(len(rounds)), rng.choice(STEPS), rng.choice(("kill", "kill", "stop")))
     if profile.unsafe and rng.random() < 0.5:
         fault = StepFault(rng.randrange(len(rounds)), UNSAFE_STEP, "stop")
-    faulty = rng.random() < 0.5
+    faulty = rng.random() < profile.faulty_share
     return WriterPlan(
         index=index,
         rounds=rounds,
         skew=round(rng.uniform(-profile.max_skew, profile.max_skew), 3),
         step_fault=fault,
-        fault_rate=round(rng.uniform(0.02, 0.08), 3) if faulty else 0.0,
+        fault_rate=round(rng.uniform(*profile.fault_rates), 3) if faulty else 0.0,
         fault_kinds=tuple(sorted(rng.sample(STORAGE_FAULTS, rng.randint(2, len(STORAGE_FAULTS))))),
         retries=rng.choice((0, 0, 1)),
         early_conflicts=rng.random() < 0.25,

@@ -40,10 +40,11 @@ from cowrite.protocol.transaction import WriteOptions
 
 from .consumers import Consumer
 from .daemon_proc import config_from
-from .plan import Row, Scenario
+from .plan import DAEMON, Row, Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER_DEADLINE = 120.0  # a writer still running this long after the release is reported as hung
+SEED_TRIES = 3  # the harness's own first write, retried like a user would (its lease may be lost under load)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Outcome:
 
     scenario: Scenario
     uri: str
-    storage_options: dict[str, Any]
+    storage_options: dict[str, Any]  # for the checker: the store without the delaying proxy
     hudi_options: dict[str, str]
     seed_instant: str
     events: dict[int, list[dict[str, Any]]]  # writer -> its events, in order
@@ -140,7 +141,9 @@ def _errors_logged() -> Iterator[_ErrorLog]:
 class Run:
     """One scenario being run; :meth:`execute` returns its :class:`Outcome`."""
 
-    def __init__(self, scenario: Scenario, workdir: Path, s3: Any = None) -> None:
+    def __init__(self, scenario: Scenario, workdir: Path, s3: Any = None, direct: Any = None) -> None:
+        """``s3``: the S3 endpoint the scenario's parties use; ``direct``: the same server without the
+        delaying proxy, for the checker (checking is not under test), ``s3`` itself by default."""
         self.scenario = scenario
         self.workdir = workdir
         self.rng = random.Random(f"cowrite-chaos:{scenario.seed}:{scenario.index}:harness")
@@ -152,8 +155,10 @@ class Run:
             )
             self.storage_options: dict[str, Any] = s3.storage_options()
             self.env: dict[str, str] = s3.env()
+            direct = direct or s3
+            self.checked_options: dict[str, Any] = direct.storage_options()
             self.hudi_options = {
-                "aws_endpoint_url": s3.endpoint_url,
+                "aws_endpoint_url": direct.endpoint_url,
                 "aws_access_key_id": self.env["AWS_ACCESS_KEY_ID"],
                 "aws_secret_access_key": self.env["AWS_SECRET_ACCESS_KEY"],
                 "aws_region": self.env["AWS_DEFAULT_REGION"],
@@ -161,7 +166,7 @@ class Run:
             }
         else:
             self.uri = str(workdir / "table")
-            self.storage_options, self.env, self.hudi_options = {}, {}, {}
+            self.storage_options, self.checked_options, self.env, self.hudi_options = {}, {}, {}, {}
         self.settings = settings(scenario)
         self.policy = HeartbeatPolicy(scenario.interval_ms / 1000, scenario.misses)
         self.harness: list[dict[str, Any]] = []
@@ -171,6 +176,7 @@ class Run:
         self.daemon_process: Process | None = None
         self.daemon_thread: Daemon | None = None
         self.daemon_starts = 0
+        self.starving: set[int] = set()  # writers (or DAEMON) being starved right now
         self._cleaner_stop = threading.Event()
         self._cleaner: threading.Thread | None = None
         self.consumers = [
@@ -180,6 +186,8 @@ class Run:
 
     # -- set-up ----------------------------------------------------------------------------------
     def _create(self) -> str:
+        """Create the table and commit its seed rows; raises the last :class:`CowriteError` if every one
+        of :data:`SEED_TRIES` writes failed."""
         table = Table.create(
             self.uri,
             name=f"chaos{self.scenario.index}",
@@ -190,7 +198,14 @@ class Run:
             storage_options=self.storage_options,
         )
         writer = LocalWriter(table, WriteOptions(config=table.config))
-        return writer.insert(rows_table(self.scenario.seed_rows)).requested_time
+        for attempt in range(1, SEED_TRIES + 1):
+            try:
+                return writer.insert(rows_table(self.scenario.seed_rows)).requested_time
+            except CowriteError as exc:
+                self.notes.append(f"the seed write failed (try {attempt}): {type(exc).__name__}: {exc}")
+                if attempt == SEED_TRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, module: str, argument: Path) -> Process:
         """``module`` runs as ``python -m``, or as a script when given as a path (``*.py``): a script
@@ -296,7 +311,7 @@ class Run:
         return Outcome(
             scenario=self.scenario,
             uri=self.uri,
-            storage_options=self.storage_options,
+            storage_options=self.checked_options,
             hudi_options=self.hudi_options,
             seed_instant=seed_instant,
             events={w: _read_lines(self.workdir / f"w{w}.events") for w in self.writers},
@@ -334,7 +349,7 @@ class Run:
             now = time.monotonic()
             elapsed = now - released
             for index, process in self.writers.items():
-                if process.state() == "T" and index not in stopped:
+                if process.state() == "T" and index not in stopped and index not in self.starving:
                     stopped[index] = now + self.scenario.stop_for
                     self.harness.append({"kind": "stop", "writer": index, "wall": time.time()})
             for index, until in list(stopped.items()):
@@ -344,8 +359,11 @@ class Run:
                     del stopped[index]
             while timed and timed[0].at <= elapsed:
                 fault = timed.pop(0)
+                if fault.kind == "starve":
+                    self._starve(fault.writer, fault.duration)
+                    continue
                 process = self.writers[fault.writer]
-                if not process.running() or fault.writer in stopped:
+                if not process.running() or fault.writer in stopped or fault.writer in self.starving:
                     continue
                 if fault.kind == "kill":
                     self.harness.append({"kind": "kill", "writer": fault.writer, "wall": time.time()})
@@ -394,6 +412,37 @@ class Run:
                 break
             time.sleep(0.01)
 
+    def _starve(self, target: int, duration: float) -> None:
+        """SIGSTOP/SIGCONT bursts to a writer or the daemon process for ``duration`` seconds, in a thread.
+
+        Each stop lasts a quarter of a heartbeat interval (half the lease's safety margin: a single stop
+        must not outlast the margin between a writer's last lease check and its publish, the window no
+        lease closes), and the process then runs for a quarter of that: a fifth of a CPU, for whole
+        heartbeat intervals. A writer stopping itself at a protocol step meanwhile is continued early.
+        """
+        process = self.daemon_process if target == DAEMON else self.writers[target]
+        if process is None or not process.running() or target in self.starving:
+            return
+        pause = self.scenario.interval_ms / 1000 / 4
+        self.starving.add(target)
+        started = time.time()
+        until = started + duration
+        self.harness.append({"kind": "starve", "writer": target, "wall": started, "until": until})
+
+        def bursts() -> None:
+            try:
+                while time.time() < until and process.running():
+                    process.popen.send_signal(signal.SIGSTOP)
+                    time.sleep(pause)
+                    process.popen.send_signal(signal.SIGCONT)
+                    time.sleep(pause / 4)
+            except ProcessLookupError:
+                pass
+            finally:
+                self.starving.discard(target)
+
+        threading.Thread(target=bursts, name=f"starve-{target}", daemon=True).start()
+
     def _signal(self, index: int, sig: signal.Signals) -> None:
         try:
             os.kill(self.writers[index].popen.pid, sig)
@@ -404,6 +453,8 @@ class Run:
 
     def _settle(self) -> None:
         """Stop the cleaner and the daemon, let every lease expire, then let a fresh daemon service finish."""
+        while self.starving:  # a starved daemon is continued before it is asked to stop
+            time.sleep(0.01)
         self._cleaner_stop.set()
         if self._cleaner is not None:
             self._cleaner.join(timeout=60)

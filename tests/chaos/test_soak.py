@@ -1,0 +1,193 @@
+"""The soak mode of the fault-injection harness: parallel seeds, one table, and what its checker tells apart.
+
+The soak itself (``python -m bench.chaos --soak --faults 10000``) runs on demand; here a two-seed soak
+runs end to end, and the checker's new judgements are tested on planted evidence: lease losses by cause,
+the liveness of calm scenarios, and a harness that fails on its own, reported instead of crashing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT
+from support.tables import new_table
+
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+
+sys.path.insert(0, str(ROOT))  # bench/ lives beside the package
+
+from bench import chaos  # noqa: E402
+from bench.chaos.checker import Checker  # noqa: E402
+from bench.chaos.plan import SOAK, scenario  # noqa: E402
+from bench.chaos.runner import Outcome, Run  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LOCAL_SEED = 6  # the first scenario of seeds 6 and 7 of the soak profile is on local disk, not calm
+INSTANTS = ("20261125000001000", "20261125000002000", "20261125000003000", "20261125000004000")
+
+
+def _event(name: str, wall: float, instant: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"event": name, "worker": 0, "pid": 1, "round": 0, "wall": wall, "instant": instant, **fields}
+
+
+@pytest.fixture
+def uri(tmp_path: Path) -> str:
+    """A table for the checker to open; these tests judge only the events."""
+    return new_table(tmp_path / "t").uri
+
+
+def _checker(
+    uri: str, events: list[dict[str, Any]], harness: list[dict[str, Any]], latency: float
+) -> Checker:
+    plan = replace(scenario(LOCAL_SEED, 0, SOAK), backend="s3", latency=latency)
+    outcome = Outcome(
+        scenario=plan,
+        uri=uri,
+        storage_options={},
+        hudi_options={},
+        seed_instant="",
+        events={0: events},
+        commit_log=[],
+        harness=[{"kind": "release", "wall": 0.0}, *harness],
+        exits={},
+        outputs={},
+        consumers=[],
+        policy=HeartbeatPolicy(2.0, 3),
+    )
+    return Checker(outcome)
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.02])
+def test_lease_losses_are_told_apart_by_cause(latency: float, uri: str) -> None:
+    """Stopped (at a step or briefly), starved, or neither: the last is a running writer's spurious abort,
+    a violation where the store has real round trips and the lease the settings a user would choose."""
+    stopped, starved, short, running = INSTANTS
+    events = [
+        _event("claimed", 10.0, stopped),
+        _event("fault", 11.0, stopped, kind="stop", step="planned"),
+        _event("resumed", 25.0, stopped, step="planned"),
+        _event("abort", 25.5, stopped, cause="LeaseLostError"),
+        _event("claimed", 30.0, starved),
+        _event("abort", 38.0, starved, cause="LeaseLostError"),
+        _event("claimed", 40.0, short),
+        _event("abort", 41.0, short, cause="LeaseLostError"),
+        _event("claimed", 50.0, running),
+        _event("beat", 52.0, running, modified=52.0),
+        _event("abort", 57.0, running, cause="LeaseLostError"),
+        _event("round", 57.1, running, outcome="LeaseLostError", message="heartbeat was not renewed"),
+    ]
+    harness = [
+        {"kind": "starve", "writer": 0, "wall": 31.0, "until": 37.0},
+        {"kind": "short-stop", "writer": 0, "wall": 40.5, "duration": 0.03},
+        {"kind": "starve", "writer": 1, "wall": 49.0, "until": 58.0},  # another writer's
+    ]
+    checker = _checker(uri, events, harness, latency)
+    checker._collect_events()
+
+    stats = checker.stats
+    assert (
+        stats.lease_lost,
+        stats.lease_lost_stopped,
+        stats.lease_lost_starved,
+        stats.lease_lost_running,
+    ) == (
+        4,
+        2,
+        1,
+        1,
+    )
+    assert stats.starvations == 2 and stats.stops == 2
+    lease = [v for v in checker.violations if v.invariant == "lease"]
+    if latency:
+        [violation] = lease
+        assert running in violation.message and "heartbeat was not renewed" in violation.message
+    else:
+        assert lease == []  # short leases of the quick profile on a loaded machine: a figure, not a fault
+
+
+def test_renewal_gaps_are_taken_from_running_writers_only(uri: str) -> None:
+    free, starved = INSTANTS[:2]
+    events = [
+        _event("claimed", 10.0, free),
+        *(_event("beat", 10.0 + 2.0 * n, free, modified=0.0) for n in (1, 2)),
+        _event("beat", 17.0, free, modified=0.0),  # 3 s after the last: half of the 6 s tolerance
+        _event("claimed", 20.0, starved),
+        _event("beat", 25.0, starved, modified=0.0),
+        _event("exit", 30.0),
+    ]
+    harness = [{"kind": "starve", "writer": 0, "wall": 21.0, "until": 24.0}]
+    checker = _checker(uri, events, harness, 0.02)
+    checker._collect_events()
+    checker._lease_use()
+    assert checker.stats.renewal_gaps == [0.5]
+    assert checker.stats.writer_seconds == 30.0
+
+
+def test_a_calm_round_that_did_not_commit_is_a_liveness_violation(uri: str) -> None:
+    checker = _checker(uri, [], [], 0.0)
+    calm = replace(checker.scenario, calm=True, writers=checker.scenario.writers[:1])
+    checker.scenario = calm
+    rounds = len(calm.writers[0].rounds)
+    checker.o.events = {
+        0: [_event("round", 1.0 + n, outcome="ok", round=n) for n in range(rounds - 1)]
+        + [_event("round", 9.0, outcome="WriteConflictError", round=rounds - 1, message="lost to w1")]
+    }
+    checker._collect_events()
+    checker.check_liveness()
+    [violation] = checker.violations
+    assert violation.invariant == "liveness" and f"round {rounds - 1}" in violation.message
+    assert "WriteConflictError lost to w1" in violation.message
+
+
+def test_a_harness_failure_is_reported_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Run) -> Outcome:
+        raise KeyError("the harness's own bug")
+
+    monkeypatch.setattr(Run, "execute", broken)
+    report = chaos.run(LOCAL_SEED, 2, SOAK, workdir=tmp_path, backends=("local",))
+    assert [v.invariant for v in report.violations] == ["harness", "harness"]
+    assert "KeyError" in report.violations[0].message and "Traceback" in report.violations[0].message
+
+
+def test_a_soak_runs_seeds_in_parallel_and_prints_one_table(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.chaos",
+            "--soak",
+            "--faults",
+            "1",
+            "--parallel",
+            "2",
+            "--scenarios",
+            "1",
+            "--seed",
+            str(LOCAL_SEED),
+            "--workdir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith(("seed 6:", "seed 7:")) for line in lines) == 2, done.stdout
+    header = next(line for line in lines if line.split() == ["local", "total"])
+    assert header
+    for label in ("faults", "starvations", "commits / writer-second", "writer running", "violations"):
+        assert any(line.strip().startswith(label) for line in lines), (label, done.stdout)
+    violations = next(line for line in lines if line.startswith("violations"))
+    assert violations.split()[1:] == ["0", "0"]
+    assert f"seeds {LOCAL_SEED}..{LOCAL_SEED + 1}" in done.stdout
+    assert (tmp_path / f"seed-{LOCAL_SEED}" / "report.json").exists()
