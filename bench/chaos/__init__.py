@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ class S3Endpoint:
 
 
 @contextmanager
-def _s3_endpoints(latencies: set[float]) -> Iterator[dict[float, S3Endpoint]]:
+def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3Endpoint]]]:
     """The tests' moto server (serialised, like real S3's conditional PUT), and for each non-zero latency
     the object-store benchmark's delaying proxy in front of it."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -121,7 +121,7 @@ def _s3_endpoints(latencies: set[float]) -> Iterator[dict[float, S3Endpoint]]:
             if latency:
                 url = stack.enter_context(DelayingProxy(server.endpoint_url, delay=latency)).endpoint_url
             endpoints[latency] = S3Endpoint(server.bucket, url, server.storage_options(), server.env())
-        yield endpoints
+        yield server, endpoints
 
 
 @contextmanager
@@ -160,15 +160,22 @@ def run(
     plans = [scenario(seed, i, profile, backends) for i in (only if only is not None else range(scenarios))]
     latencies = {p.latency for p in plans if p.backend == "s3"}
     latencies |= {0.0} if latencies else set()  # the checker reads without delay
-    with _s3_endpoints(latencies) if latencies else _nothing() as endpoints:
+    with _s3_endpoints(latencies) if latencies else _nothing() as (server, endpoints):
         for plan in plans:
             progress(plan.describe())
             started = time.monotonic()
             directory = root / f"scenario-{plan.index}"
-            endpoint = endpoints[plan.latency] if plan.backend == "s3" else None
+            endpoint = None
+            if plan.backend == "s3":
+                # A bucket of its own: moto lists a prefix by walking the whole bucket, one request at a
+                # time, so the tables of earlier scenarios would slow every listing of this one (S3 does not).
+                bucket = f"chaos-{seed}-{plan.index}-{time.time_ns()}"
+                server.create_bucket(bucket)
+                endpoint = replace(endpoints[plan.latency], bucket=bucket)
             try:
                 with _environment(endpoint.env() if endpoint else {}):
-                    outcome = Run(plan, directory, endpoint, endpoints.get(0.0)).execute()
+                    direct = replace(endpoints[0.0], bucket=endpoint.bucket) if endpoint else None
+                    outcome = Run(plan, directory, endpoint, direct).execute()
                     violations, stats = Checker(outcome).check()
                 notes = outcome.notes
             except Exception as exc:
@@ -192,8 +199,8 @@ def run(
 
 
 @contextmanager
-def _nothing() -> Iterator[dict[float, S3Endpoint]]:
-    yield {}
+def _nothing() -> Iterator[tuple[Any, dict[float, S3Endpoint]]]:
+    yield None, {}
 
 
 __all__ = ["LONG", "QUICK", "SOAK", "Report", "run"]
