@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from cowrite.errors import InstantGoneError
 from cowrite.format.fs_view import BaseFile, FileSystemView, list_base_files, replaced_file_groups
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.service_metadata import CleanPlan, CleanResult
@@ -73,24 +74,39 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
 
 
 def clean(table: Table, lock: TableLock, commits_retained: int, now: float | None = None) -> Cleaned | None:
-    """Finish an interrupted clean, or plan and run a new one. Returns what was deleted."""
+    """Finish an interrupted clean, or plan and run a new one. Returns what was deleted, or None when
+    nothing was cleaned.
+
+    A timeline file that vanishes after the listing (:class:`InstantGoneError`) stops the run with a
+    warning and nothing deleted: met while planning, nothing was recorded; met later, the recorded plan
+    stays pending and the next run carries it out.
+    """
     now = time.time() if now is None else now
     with lock:
         timeline = table.timeline()
         pending = list(timeline.pending().filter(actions=[Action.CLEAN]))
-        if pending:
-            instant = pending[0]
-            plan = table.clean_plan(instant)
-        else:
-            new_plan = plan_clean(table, timeline, commits_retained)
-            if new_plan is None:
-                return None
-            plan = new_plan
-            instant = table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes(), lock=lock)
+        try:
+            plan = table.clean_plan(pending[0]) if pending else plan_clean(table, timeline, commits_retained)
+        except InstantGoneError as exc:
+            # Under the lock, only when a lease ran out: ours (archival went on meanwhile), or that of a
+            # cleaner which then withdrew its claimed plan. The next run starts from a new listing.
+            log.warning("the timeline of %s changed while planning a clean (%s); nothing cleaned", table, exc)
+            return None
+        if plan is None:
+            return None
+        instant = (
+            pending[0]
+            if pending
+            else table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes(), lock=lock)
+        )
     started = time.monotonic()
     # A plan only ever names superseded or replaced base files; anything else in it (a damaged or forged
     # plan) is left alone: never a path outside the table, never the file a reader sees in its group.
-    protected = {b.path for b in FileSystemView.build(table).latest_base_files()}
+    try:
+        protected = {b.path for b in FileSystemView.build(table).latest_base_files()}
+    except InstantGoneError as exc:  # the timeline moved on twice while it was read
+        log.warning("clean %s of %s stops (%s); the next run carries out its plan", instant, table, exc)
+        return None
     deleted = []
     for path in plan.files:
         if not stays_inside(path) or BaseFile.parse(FileInfo(path, 0, 0.0)) is None or path in protected:

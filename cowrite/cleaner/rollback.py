@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from cowrite.errors import CorruptTimelineError
+from cowrite.errors import CorruptTimelineError, InstantGoneError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import BaseFile
 from cowrite.format.instant import Action, Instant, State
@@ -103,6 +103,8 @@ def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | 
         try:
             if table.rollback_plan(rollback).target == target:
                 return rollback
+        except InstantGoneError:  # archived, so completed, or withdrawn unstarted: it holds back nothing
+            continue
         except CorruptTimelineError as exc:  # at worst, a second (harmless) rollback of the target
             log.warning("%s; not counting it as a rollback of %s", exc, target)
     return None
@@ -112,10 +114,16 @@ def _finish(table: Table, lock: TableLock, rollback: Instant, now: float) -> Rol
     """Carry out a recorded rollback plan and complete the rollback instant.
 
     Several cleaners (daemons, ``cowrite rollback``) may carry out one plan at the same time: deleting
-    twice is harmless, and only the first completes the instant. None if another one completed it.
+    twice is harmless, and only the first completes the instant. None if another one completed it, or
+    if the plan is gone since ``rollback`` was listed: archived once completed, or withdrawn by a
+    claimant that lost the lock before carrying it out. Either way nothing is left to finish.
     """
     started = time.monotonic()
-    plan = table.rollback_plan(rollback)
+    try:
+        plan = table.rollback_plan(rollback)
+    except InstantGoneError as exc:
+        log.info("rollback %s is gone (%s); nothing to finish", rollback, exc)
+        return None
     deleted: tuple[str, ...] = ()
     target = table.timeline().get(plan.target)
     if target is not None and target.is_completed:

@@ -28,9 +28,9 @@ from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import DaemonMetrics, TableStatus
-from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
+from cowrite.errors import CorruptTimelineError, CowriteError, InstantGoneError, LockTimeoutError
 from cowrite.format import config as keys
-from cowrite.format.instant import Action
+from cowrite.format.instant import Action, Instant
 from cowrite.format.overlay import Overlay
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
@@ -45,6 +45,7 @@ from cowrite.protocol.locks.filesystem import (
     read_holder,
     read_release,
 )
+from cowrite.storage.backend import FileInfo
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,7 @@ class TableService:
     def _poll(self) -> None:
         table = self._open()
         assert self.follower is not None and self.lock is not None
-        created, _ = self.follower.poll()
-        table.verified(self.follower.timeline)  # a commit no reader can parse stops the table's jobs
+        created = self._follow(table)
         for instant in created:
             if instant.is_completed and self.polls > 0:
                 self.metrics.commits.labels(self.name, instant.action.value).inc()
@@ -183,6 +183,25 @@ class TableService:
         )
 
     # -- pieces ----------------------------------------------------------------------------------
+    def _follow(self, table: Table) -> list[Instant]:
+        """Poll the follower; return the instants that appeared. Every completed commit it shows is
+        parsed: a commit no reader can parse stops the table's jobs.
+
+        A commit archived by another process between the follower's listing and its read is no fault
+        of the table: the follower looks once more, and that listing no longer shows it. Should the
+        timeline move on again, :class:`InstantGoneError` fails this poll only; the next one starts from
+        a new listing.
+        """
+        assert self.follower is not None
+        created, _ = self.follower.poll()
+        try:
+            table.verified(self.follower.timeline)
+        except InstantGoneError as exc:
+            log.info("table %s moved on while it was read (%s); following it again", self.name, exc)
+            created += self.follower.poll()[0]
+            table.verified(self.follower.timeline)
+        return created
+
     def _timed(self, service: str) -> _Timed:
         return _Timed(self.metrics, self.name, service)
 
@@ -241,15 +260,20 @@ class TableService:
                 continue
             key = item.instant.requested_time
             if key not in self.seen.garbage:
-                found = [
-                    table.storage.stat(p)
-                    for p in planned_files(table, item.instant)
-                    if table.storage.exists(p)
-                ]
+                found = [f for p in planned_files(table, item.instant) if (f := _stat_if_present(table, p))]
                 self.seen.garbage[key] = (len(found), sum(f.size for f in found))
             files += self.seen.garbage[key][0]
             size += self.seen.garbage[key][1]
         return files, size
+
+
+def _stat_if_present(table: Table, path: str) -> FileInfo | None:
+    """A file's size and time, or None if it is not there (never written, or deleted since it was listed
+    or planned: a concurrent rollback)."""
+    try:
+        return table.storage.stat(path)
+    except FileNotFoundError:
+        return None
 
 
 class _Timed:

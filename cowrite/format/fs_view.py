@@ -83,7 +83,17 @@ class FileSystemView:
         as_of: str | None = None,
         partitions: Iterable[str] | None = None,
     ) -> FileSystemView:
-        timeline = table.verified(timeline if timeline is not None else table.timeline())
+        """The view of ``timeline`` (default: the timeline listed now), from a listing of base files taken
+        after it.
+
+        Every completed commit on the timeline is read (and, for time travel, the last clean's plan). A
+        file a caller's ``timeline`` showed that was archived since raises :class:`InstantGoneError`; the
+        timeline listed here is listed once more instead (:meth:`Table.read_timeline`).
+        """
+        if timeline is None:
+            wanted = None if partitions is None else tuple(partitions)  # may be read twice
+            return table.read_timeline(lambda listed: cls.build(table, listed, as_of, wanted))
+        timeline = table.verified(timeline)
         if as_of is not None:
             check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]

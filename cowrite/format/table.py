@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from jproperties import Properties
 
@@ -44,6 +44,8 @@ from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PROPERTIES_FILE = ".hoodie/hoodie.properties"
 TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
@@ -69,12 +71,12 @@ def parse_properties(data: bytes, path: str) -> dict[str, str]:
     return {name: value.data for name, value in properties.items()}
 
 
-
 class HeldLock(Protocol):
     """The table lock as a claim needs it (:class:`~cowrite.protocol.locks.TableLock` is one)."""
 
     def check_held(self) -> None:
         """Raise :class:`LeaseLostError` unless this process still holds the lock."""
+
 
 class Table:
     """An existing table. Cheap to create; :meth:`timeline` lists the timeline each call."""
@@ -210,6 +212,21 @@ class Table:
     def timeline(self) -> Timeline:
         return Timeline.load(self.storage)
 
+    def read_timeline(self, read: Callable[[Timeline], T]) -> T:
+        """``read`` of the timeline listed now, for a reader that reads files the listing showed.
+
+        Archival, a rollback or a clean may remove such a file before ``read`` gets to it
+        (:class:`InstantGoneError`): the timeline is then listed once more and ``read`` runs on that
+        listing, so what it returns is exact for the timeline it finally read. If a file vanishes again,
+        :class:`InstantGoneError` is raised (the timeline moves faster than it can be read; retry later).
+        ``read`` may run twice: it must change nothing.
+        """
+        try:
+            return read(self.timeline())
+        except InstantGoneError as exc:
+            log.info("%s; reading a new listing", exc)
+            return read(self.timeline())
+
     def instant_path(self, instant: Instant) -> str:
         return f"{TIMELINE_DIR}/{instant.file_name}"
 
@@ -239,8 +256,10 @@ class Table:
         """``timeline``, once every completed commit and replacecommit on it has been parsed.
 
         A read never skips a commit it cannot parse — its records would be silently missing —: a corrupt
-        one raises :class:`CorruptTimelineError` naming the file and what to do. Each file is parsed once
-        per process (completed files never change), so this costs a read only for new commits.
+        one raises :class:`CorruptTimelineError` naming the file and what to do; one archived since
+        ``timeline`` was listed, :class:`InstantGoneError` (:meth:`read_timeline` lists again instead).
+        Each file is parsed once per process (completed files never change), so this costs a read only
+        for new commits.
         """
         for instant in timeline.data_commits():
             self.commit_metadata(instant)

@@ -26,7 +26,7 @@ from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import check_time
 from cowrite.format.overlay import CommitEntry, Overlay, entries_of, newest_files
 from cowrite.format.table import Table
-from cowrite.format.timeline import InstantRange, archived
+from cowrite.format.timeline import InstantRange, Timeline, archived
 
 
 def _concat(tables: Sequence[pa.Table]) -> pa.Table:
@@ -66,9 +66,14 @@ def incremental(
     columns: Sequence[str] | None = None,
     with_meta: bool = False,
 ) -> pa.Table:
-    """Records written by commits completed in ``(since, until]`` (completion times)."""
-    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
-    return _read_entries(table, entries_of(table, commits), columns, with_meta)
+    """Records written by commits completed in ``(since, until]`` (completion times), as the timeline
+    shows them (see :meth:`Table.read_timeline`: a commit archived meanwhile is no longer on it)."""
+    entries = table.read_timeline(
+        lambda timeline: entries_of(
+            table, table.verified(timeline).completed_in(InstantRange.within(since, until))
+        )
+    )
+    return _read_entries(table, entries, columns, with_meta)
 
 
 def _read_entries(
@@ -113,32 +118,41 @@ def pull(
             raise CowriteError(
                 f"{table.uri} has no END_COMMIT_TIME overlay yet; is `cowrite daemon` serving it?"
             )
-        table.verified(table.timeline())
+        table.read_timeline(table.verified)
         entries = overlay.since(checkpoint)
         new_checkpoint = overlay.watermark if entries else checkpoint
     elif mode is PullMode.COMPLETION_TIME:
         # Two looks: a listing taken while commits land may show a later commit but not an earlier one;
         # whatever had completed by the newest commit of the first look is certainly in the second.
+        # A commit archived after the second look was listed is read past (Table.read_timeline):
+        # _refuse_if_archived below still sees it.
         watermark = table.timeline().latest_completion_time
-        timeline = table.verified(table.timeline())
-        window = InstantRange.within(checkpoint, watermark)
-        entries = entries_of(table, timeline.completed_in(window)) if watermark else []
+
+        def completed(timeline: Timeline) -> list[CommitEntry]:
+            commits = table.verified(timeline).completed_in(InstantRange.within(checkpoint, watermark))
+            return entries_of(table, commits) if watermark else []
+
+        entries = table.read_timeline(completed)
         new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
     else:
         # Two looks, as above: instants are claimed in time order, so every instant requested before the
         # newest one of the first look (pending or not) is in the second.
         cap = max(table.timeline().requested_times, default=None)
-        timeline = table.verified(table.timeline())
-        fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
-        ready = [
-            i
-            for i in timeline.data_commits()
-            if (checkpoint is None or i.requested_time > checkpoint)
-            and (fence is None or i.requested_time < fence)
-            and cap is not None
-            and i.requested_time <= cap
-        ]
-        entries = entries_of(table, ready)
+
+        def ready(timeline: Timeline) -> list[CommitEntry]:
+            timeline = table.verified(timeline)
+            fence = min((i.requested_time for i in timeline.pending() if i.action.writes_data), default=None)
+            commits = [
+                i
+                for i in timeline.data_commits()
+                if (checkpoint is None or i.requested_time > checkpoint)
+                and (fence is None or i.requested_time < fence)
+                and cap is not None
+                and i.requested_time <= cap
+            ]
+            return entries_of(table, commits)
+
+        entries = table.read_timeline(ready)
         new_checkpoint = max((e.requested_time for e in entries), default=checkpoint)
     _refuse_if_archived(table, checkpoint, mode)
     rows = _read_entries(table, entries, None, with_meta)

@@ -77,8 +77,11 @@ def plan_incremental(
 ) -> Scan:
     """The base files and commits of an incremental read of completion times ``(since, until]``."""
     rules = predicates(filters)
-    commits = table.verified(table.timeline()).completed_in(InstantRange.within(since, until))
-    entries = entries_of(table, commits)
+    entries = table.read_timeline(
+        lambda timeline: entries_of(
+            table, table.verified(timeline).completed_in(InstantRange.within(since, until))
+        )
+    )
     fields, hive = table.partition_fields, table.hive_style_partitioning
     paths = [p for p in newest_files(entries) if partition_matches(p.rpartition("/")[0], fields, hive, rules)]
     files = [b for b in (BaseFile.parse(FileInfo(p, 0, 0.0)) for p in paths) if b is not None]

@@ -147,7 +147,8 @@ class Storage:
         raise StorageError(f"{type(self.fs).__name__} offers no atomic create; cowrite cannot use {self.uri}")
 
     def list(self, directory: str = "") -> builtins.list[FileInfo]:
-        """Files directly inside ``directory`` (not sub-directories); empty if it does not exist."""
+        """Files directly inside ``directory`` (not sub-directories); empty if it does not exist. A file
+        deleted while the directory is listed may be left out, and no other is."""
         try:
             entries = self._call(directory, lambda: self.fs.ls(self.full_path(directory), detail=True))
         except FileNotFoundError:
@@ -289,7 +290,10 @@ class LocalStorage(Storage):
                     found = []
                     for entry in entries:
                         if entry.is_file(follow_symlinks=False) and not entry.name.startswith(_TEMP_PREFIX):
-                            stat = entry.stat(follow_symlinks=False)
+                            try:
+                                stat = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:  # deleted since the directory was read: not listed
+                                continue
                             found.append(FileInfo(prefix + entry.name, stat.st_size, stat.st_mtime))
                     return found
             except (FileNotFoundError, NotADirectoryError):

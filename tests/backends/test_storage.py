@@ -9,7 +9,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,31 @@ def test_list_gives_direct_files_with_sizes(storage: Storage) -> None:
     listed = {info.path: info.size for info in storage.list("dir")}
     assert listed == {"dir/one": 1, "dir/two": 2}
     assert {info.name for info in storage.list("dir")} == {"one", "two"}
+
+
+def test_a_file_removed_while_local_disk_lists_its_directory_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local disk stats each file after reading the directory (S3 has sizes and times in the listing): a
+    file a cleaner deletes in between is left out, and only that one. A non-partitioned table's base files
+    are all in one directory: a snapshot must not lose them all."""
+    storage = Storage.for_uri(str(tmp_path / "t"))
+    for name in ("one", "two", "three"):
+        storage.write(f"dir/{name}", b"1")
+    scandir = os.scandir
+
+    def removed_after_the_directory_read(entry: os.DirEntry[str]) -> os.DirEntry[str]:
+        if entry.name == "two":
+            os.unlink(entry.path)
+        return entry
+
+    @contextmanager
+    def racing(path: str) -> Iterator[Iterator[os.DirEntry[str]]]:
+        with scandir(path) as entries:
+            yield (removed_after_the_directory_read(entry) for entry in entries)
+
+    monkeypatch.setattr(os, "scandir", racing)
+    assert sorted(info.name for info in storage.list("dir")) == ["one", "three"]
 
 
 def test_list_of_a_missing_directory_is_empty(storage: Storage) -> None:
