@@ -105,9 +105,9 @@ class S3Endpoint:
 
 
 @contextmanager
-def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3Endpoint]]]:
-    """The tests' moto server (serialised, like real S3's conditional PUT), and for each non-zero latency
-    the object-store benchmark's delaying proxy in front of it."""
+def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3Endpoint], list[Any]]]:
+    """The tests' moto server (serialised, like real S3's conditional PUT), the endpoints by latency, and
+    for each non-zero latency the object-store benchmark's delaying proxy in front of the server."""
     sys.path.insert(0, str(ROOT / "tests"))
     from support.servers import S3Server
 
@@ -115,13 +115,14 @@ def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3En
 
     with ExitStack() as stack:
         server = stack.enter_context(S3Server(bucket="cowrite-chaos"))
-        endpoints = {}
+        endpoints, proxies = {}, []
         for latency in latencies:
             url = server.endpoint_url
             if latency:
-                url = stack.enter_context(DelayingProxy(server.endpoint_url, delay=latency)).endpoint_url
+                proxies.append(stack.enter_context(DelayingProxy(server.endpoint_url, latency, trace=True)))
+                url = proxies[-1].endpoint_url
             endpoints[latency] = S3Endpoint(server.bucket, url, server.storage_options(), server.env())
-        yield server, endpoints
+        yield server, endpoints, proxies
 
 
 @contextmanager
@@ -160,7 +161,7 @@ def run(
     plans = [scenario(seed, i, profile, backends) for i in (only if only is not None else range(scenarios))]
     latencies = {p.latency for p in plans if p.backend == "s3"}
     latencies |= {0.0} if latencies else set()  # the checker reads without delay
-    with _s3_endpoints(latencies) if latencies else _nothing() as (server, endpoints):
+    with _s3_endpoints(latencies) if latencies else _nothing() as (server, endpoints, proxies):
         for plan in plans:
             progress(plan.describe())
             started = time.monotonic()
@@ -181,6 +182,7 @@ def run(
             except Exception as exc:
                 violations = [Violation("harness", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")]
                 stats, notes = Stats(scenarios=1), []
+            notes += _slow_requests(proxies)
             result = ScenarioResult(plan, violations, stats, time.monotonic() - started, directory, notes)
             report.results.append(result)
             verdict = "ok" if not violations else f"{len(violations)} VIOLATIONS (kept in {directory})"
@@ -191,6 +193,9 @@ def run(
             )
             for violation in violations:
                 progress(f"     {violation}")
+            for note in notes if violations else ():
+                if note.startswith("slow request"):
+                    progress(f"     {note}")
             if not violations and not keep:
                 shutil.rmtree(directory, ignore_errors=True)
     if not keep and not report.violations and workdir is None:
@@ -198,9 +203,23 @@ def run(
     return report
 
 
+def _slow_requests(proxies: list[Any]) -> list[str]:
+    """Requests the proxies held a second longer than their delay since the last call (then forgotten)."""
+    slow = []
+    for proxy in proxies:
+        for request in proxy.requests():
+            if request.ended - request.began > proxy.delay + 1.0:
+                slow.append(
+                    f"slow request: {request.kind} {request.path} took {request.ended - request.began:.1f} s "
+                    f"at {request.began:.2f}"
+                )
+        proxy.reset()
+    return slow
+
+
 @contextmanager
-def _nothing() -> Iterator[tuple[Any, dict[float, S3Endpoint]]]:
-    yield None, {}
+def _nothing() -> Iterator[tuple[Any, dict[float, S3Endpoint], list[Any]]]:
+    yield None, {}, []
 
 
 __all__ = ["LONG", "QUICK", "SOAK", "Report", "run"]
