@@ -418,7 +418,9 @@ class Run:
         Each stop lasts a quarter of a heartbeat interval (half the lease's safety margin: a single stop
         must not outlast the margin between a writer's last lease check and its publish, the window no
         lease closes), and the process then runs for a quarter of that: a fifth of a CPU, for whole
-        heartbeat intervals. A writer stopping itself at a protocol step meanwhile is continued early.
+        heartbeat intervals. A writer that stops itself at a protocol step meanwhile (its event log says so
+        before it stops) is not continued: the bursts end, and the run loop continues it once its stop
+        outlasted the lease, as any step stop.
         """
         process = self.daemon_process if target == DAEMON else self.writers[target]
         if process is None or not process.running() or target in self.starving:
@@ -429,11 +431,16 @@ class Run:
         until = started + duration
         self.harness.append({"kind": "starve", "writer": target, "wall": started, "until": until})
 
+        events = self.workdir / f"w{target}.events"
+        stops_before = _self_stops(events)
+
         def bursts() -> None:
             try:
                 while time.time() < until and process.running():
                     process.popen.send_signal(signal.SIGSTOP)
                     time.sleep(pause)
+                    if _self_stops(events) > stops_before:
+                        break
                     process.popen.send_signal(signal.SIGCONT)
                     time.sleep(pause / 4)
             except ProcessLookupError:
@@ -511,6 +518,14 @@ class Run:
                 process.popen.wait(30)
         if self.daemon_thread is not None:
             self.daemon_thread.stop()
+
+
+def _self_stops(events: Path) -> int:
+    """How many times a writer announced in its event log that it stops itself at a protocol step."""
+    try:
+        return events.read_text().count('"kind": "stop"')
+    except FileNotFoundError:
+        return 0
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
