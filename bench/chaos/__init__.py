@@ -13,7 +13,6 @@ loading the machine on purpose, and prints one table of what was injected and wh
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -27,9 +26,7 @@ from typing import Any
 
 from .checker import Checker, Stats, Violation
 from .plan import LONG, PROFILES, QUICK, SOAK, Profile, Scenario, scenario
-from .runner import Run
-
-ROOT = Path(__file__).resolve().parents[2]
+from .runner import ROOT, Run, environment
 
 
 @dataclass
@@ -125,22 +122,6 @@ def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3En
         yield server, endpoints, proxies
 
 
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment meanwhile: the in-process daemon opens tables by URI,
-    like a deployed one, and finds the S3 endpoint there."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def run(
     seed: int,
     scenarios: int,
@@ -174,7 +155,7 @@ def run(
                 server.create_bucket(bucket)
                 endpoint = replace(endpoints[plan.latency], bucket=bucket)
             try:
-                with _environment(endpoint.env() if endpoint else {}):
+                with environment(endpoint.env() if endpoint else {}):
                     direct = replace(endpoints[0.0], bucket=endpoint.bucket) if endpoint else None
                     outcome = Run(plan, directory, endpoint, direct).execute()
                     violations, stats = Checker(outcome).check()

@@ -116,6 +116,22 @@ def rows_table(rows: list[Row] | tuple[Row, ...]) -> pa.Table:
     )
 
 
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment meanwhile: the in-process daemon opens tables by URI,
+    like a deployed one, and finds the S3 endpoint there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class _ErrorLog(logging.Handler):
     """Collects error records of cowrite's daemon and cleaner running in this process."""
 
@@ -486,19 +502,11 @@ class Run:
             commits_retained=spec["commits_retained"],
             locks_kept=spec["locks_kept"],
         )
-        saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        try:
+        with environment(self.env):
             service = TableService(config.tables[0], config, DaemonMetrics(CollectorRegistry(), lambda: []))
             service.poll()
             service.clean()
             service.poll()
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
         if not service.status.up:
             self.problems.append(f"the final daemon poll failed: {service.status.error}")
         for consumer in self.consumers:

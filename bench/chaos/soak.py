@@ -17,13 +17,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .checker import Stats
-
-ROOT = Path(__file__).resolve().parents[2]
+from .runner import ROOT
 
 
 @dataclass
@@ -33,11 +31,6 @@ class Child:
     report: Path
     log: Path
     started: float
-
-
-def _stats(values: dict[str, Any]) -> Stats:
-    known = {f.name for f in fields(Stats)}
-    return Stats(**{k: v for k, v in values.items() if k in known})
 
 
 def _quantiles(values: list[float], *qs: float) -> str:
@@ -165,7 +158,7 @@ def _collect(
         return 0
     injected = 0
     for result in report["results"]:
-        stats = _stats(result["stats"])
+        stats = Stats(**result["stats"])
         by_store.setdefault(result["store"], Stats(scenarios=0)).add(stats)
         injected += stats.faults
         if result["violations"]:
