@@ -434,12 +434,13 @@ class Run:
         Each stop lasts a quarter of a heartbeat interval (half the lease's safety margin: a single stop
         must not outlast the margin between a writer's last lease check and its publish, the window no
         lease closes), and the process then runs for a quarter of that: a fifth of a CPU, for whole
-        heartbeat intervals. A writer that stops itself at a protocol step meanwhile (its event log says so
-        before it stops) is not continued: the bursts end, and the run loop continues it once its stop
-        outlasted the lease, as any step stop.
+        heartbeat intervals. A writer stopped at a protocol step by itself (its event log says so before it
+        stops, and again once it resumed) is never continued here: it is not starved, or the bursts end,
+        and the run loop continues it once its stop outlasted the lease, as any step stop.
         """
         process = self.daemon_process if target == DAEMON else self.writers[target]
-        if process is None or not process.running() or target in self.starving:
+        events = self.workdir / f"w{target}.events"
+        if process is None or not process.running() or target in self.starving or _stopped_itself(events):
             return
         pause = self.scenario.interval_ms / 1000 / 4
         self.starving.add(target)
@@ -447,15 +448,12 @@ class Run:
         until = started + duration
         self.harness.append({"kind": "starve", "writer": target, "wall": started, "until": until})
 
-        events = self.workdir / f"w{target}.events"
-        stops_before = _self_stops(events)
-
         def bursts() -> None:
             try:
                 while time.time() < until and process.running():
                     process.popen.send_signal(signal.SIGSTOP)
                     time.sleep(pause)
-                    if _self_stops(events) > stops_before:
+                    if _stopped_itself(events):
                         break
                     process.popen.send_signal(signal.SIGCONT)
                     time.sleep(pause / 4)
@@ -528,12 +526,13 @@ class Run:
             self.daemon_thread.stop()
 
 
-def _self_stops(events: Path) -> int:
-    """How many times a writer announced in its event log that it stops itself at a protocol step."""
+def _stopped_itself(events: Path) -> bool:
+    """Whether a writer announced in its event log a stop at a protocol step it has not resumed from."""
     try:
-        return events.read_text().count('"kind": "stop"')
+        log = events.read_text()
     except FileNotFoundError:
-        return 0
+        return False
+    return log.count('"kind": "stop"') > log.count('"event": "resumed"')
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
