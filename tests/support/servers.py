@@ -1,5 +1,5 @@
-"""Real servers for tests, each on 127.0.0.1 on a free port: moto's S3 server, a ZooKeeper server and a
-Spark standalone cluster (a master and one worker).
+"""Real servers for tests, each on 127.0.0.1 on a free port: moto's S3 server (in a process of its own), a
+ZooKeeper server and a Spark standalone cluster (a master and one worker).
 
 Both are context managers; leaving the ``with`` block stops the server and removes what it left on disk.
 A missing prerequisite raises :class:`RuntimeError` saying how to install it: tests fail, never skip.
@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,12 +37,14 @@ _REGION = "us-east-1"
 
 
 class _Serialised:
-    """A WSGI app that handles one request at a time.
+    """A WSGI app that handles one request at a time, and answers ``GET /_listings`` with its counts.
 
     Moto checks ``If-None-Match: *`` and then stores the object as two steps, so two concurrent conditional
     PUTs can both succeed; real S3 decides them atomically. Serialising requests restores the guarantee the
     storage contract relies on.
     """
+
+    LISTINGS = "/_listings"  # not a valid bucket name, so no S3 request can mean it
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self._app = app
@@ -51,6 +54,9 @@ class _Serialised:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
+            if environ.get("PATH_INFO") == self.LISTINGS:
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [json.dumps(self.listings).encode()]
             if environ["REQUEST_METHOD"] == "GET" and "list-type" in query:
                 self.listings[query.get("prefix", [""])[0]] += 1
             response = self._app(environ, start_response)
@@ -62,31 +68,56 @@ class _Serialised:
                     close()
 
 
+def _serve_s3() -> None:
+    """The S3 server's own process: print the port, serve until stdin closes (the parent left or died)."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request would bury a failure
+    moto = ThreadedMotoServer(ip_address=_HOST, port=0, verbose=False)
+    moto.start()
+    # The server object exists only once started; wrap its app before any request arrives.
+    server = moto._server
+    assert server is not None
+    server.app = _Serialised(server.app)
+    print(moto.get_host_and_port()[1], flush=True)
+    sys.stdin.read()
+    moto.stop()
+
+
 class S3Server:
-    """Moto's S3 server in a thread of this process, with one bucket."""
+    """Moto's S3 server in a process of its own, with one bucket.
+
+    Its own process, so that a busy client process (a chaos harness, a benchmark) cannot hold the server up
+    with its interpreter lock: a stalled server would look like a slow object store. The server exits when
+    this object stops it or when the process that started it dies (its stdin closes).
+    """
 
     def __init__(self, bucket: str = "cowrite-test") -> None:
         self.bucket = bucket
         self.endpoint_url = ""
-        # Port 0: the OS picks a free port when the server binds, so there is no race for it.
-        self._moto = ThreadedMotoServer(ip_address=_HOST, port=0, verbose=False)
-        self._app: _Serialised | None = None
+        self._process: subprocess.Popen[str] | None = None
 
     def start(self) -> S3Server:
-        # Werkzeug logs every request to stderr, which buries the output of a failing test.
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._moto.start()
-        # The server object exists only once started; wrap its app before any request arrives.
-        server = self._moto._server
-        assert server is not None
-        server.app = self._app = _Serialised(server.app)
-        host, port = self._moto.get_host_and_port()
-        self.endpoint_url = f"http://{host}:{port}"
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "s3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self._process.stdout is not None
+        port = self._process.stdout.readline().strip()
+        if not port.isdigit():
+            self.stop()
+            raise RuntimeError("the S3 server (moto) did not start; its error is above")
+        # Port 0: the OS picked a free port when the server bound, so there was no race for it.
+        self.endpoint_url = f"http://{_HOST}:{port}"
         self.create_bucket(self.bucket)
         return self
 
     def stop(self) -> None:
-        self._moto.stop()
+        if self._process is None:
+            return
+        try:
+            self._process.communicate(timeout=10)  # closes its stdin: the server stops
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.communicate()
+        self._process = None
 
     def __enter__(self) -> S3Server:
         return self.start()
@@ -96,15 +127,17 @@ class S3Server:
     ) -> None:
         self.stop()
 
+    def _listings(self) -> Counter[str]:
+        with urllib.request.urlopen(self.endpoint_url + _Serialised.LISTINGS, timeout=30) as response:
+            return Counter(json.load(response))
+
     def listings(self, prefix: str) -> int:
         """ListObjectsV2 requests so far for keys starting with ``prefix`` (a bucket-relative path)."""
-        assert self._app is not None, "the server is not started"
-        return sum(n for listed, n in self._app.listings.items() if listed.startswith(prefix))
+        return sum(n for listed, n in self._listings().items() if listed.startswith(prefix))
 
     def listed(self, prefix: str) -> Counter[str]:
         """ListObjectsV2 requests so far by the prefix they listed, of prefixes starting with ``prefix``."""
-        assert self._app is not None, "the server is not started"
-        return Counter({listed: n for listed, n in self._app.listings.items() if listed.startswith(prefix)})
+        return Counter({listed: n for listed, n in self._listings().items() if listed.startswith(prefix)})
 
     def storage_options(self) -> dict[str, Any]:
         """Options for ``fsspec.filesystem("s3", ...)`` / ``Storage.for_uri``."""
@@ -358,3 +391,9 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind((_HOST, 0))
         return int(probe.getsockname()[1])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["s3"]:
+        raise SystemExit("usage: servers.py s3  (started by S3Server)")
+    _serve_s3()
