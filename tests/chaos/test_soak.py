@@ -2,13 +2,18 @@
 
 The soak itself (``python -m bench.chaos --soak --faults 10000``) runs on demand; here a two-seed soak
 runs end to end, and the checker's new judgements are tested on planted evidence: lease losses by cause,
-the liveness of calm scenarios, and a harness that fails on its own, reported instead of crashing.
+the liveness of calm scenarios, and a harness that fails on its own, reported instead of crashing. The
+harness's own parts are tested on real processes: starvation bursts, and the retried seed write.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,14 +22,18 @@ import pytest
 from support import ROOT
 from support.tables import new_table
 
+from cowrite.errors import LeaseLostError
+from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(ROOT))  # bench/ lives beside the package
 
 from bench import chaos  # noqa: E402
 from bench.chaos.checker import Checker  # noqa: E402
 from bench.chaos.plan import SOAK, scenario  # noqa: E402
-from bench.chaos.runner import Outcome, Run  # noqa: E402
+from bench.chaos.runner import SEED_TRIES, Outcome, Process, Run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +200,116 @@ def test_a_soak_runs_seeds_in_parallel_and_prints_one_table(tmp_path: Path) -> N
     assert violations.split()[1:] == ["0", "0"]
     assert f"seeds {LOCAL_SEED}..{LOCAL_SEED + 1}" in done.stdout
     assert (tmp_path / f"seed-{LOCAL_SEED}" / "report.json").exists()
+
+
+# A process that notes the time every 5 ms: a gap in its notes is a time it did not run.
+TICKER = "import sys, time\nwhile True:\n    print(time.time(), flush=True)\n    time.sleep(0.005)\n"
+
+
+def _ticking(run: Run, tmp_path: Path) -> tuple[Process, Path]:
+    ticks = tmp_path / "ticks"
+    with open(ticks, "w") as out:
+        popen = subprocess.Popen([sys.executable, "-c", TICKER], stdout=out)
+    run.writers[0] = Process("w0", popen, tmp_path / "w0.stderr")
+    return run.writers[0], ticks
+
+
+def _state(process: Process) -> str:
+    return Path(f"/proc/{process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def _until_starved(run: Run) -> None:
+    """Wait for the bursts to end (their thread empties ``run.starving`` when it returns)."""
+    _eventually(lambda: not run.starving, "the starvation bursts did not end")
+
+
+def _gaps(ticks: Path) -> list[float]:
+    times = [float(line) for line in ticks.read_text().split()]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Run:
+    """A local scenario's run with a 400 ms heartbeat interval: bursts of 100 ms stopped, 25 ms running."""
+    return Run(replace(scenario(LOCAL_SEED, 0, SOAK), interval_ms=400), tmp_path / "scenario")
+
+
+def test_starvation_stops_a_process_in_bursts_and_leaves_it_running(run: Run, tmp_path: Path) -> None:
+    process, ticks = _ticking(run, tmp_path)
+    try:
+        time.sleep(0.2)
+        run._starve(0, 1.0)
+        assert run.starving == {0}
+        _until_starved(run)
+        ended = time.time()
+        assert _state(process) != "T"
+        _eventually(lambda: float(ticks.read_text().split()[-1]) > ended, "it did not run on")
+        # Each burst stops the process for a quarter of the interval (100 ms): nothing near that otherwise.
+        gaps = _gaps(ticks)
+        assert sum(gap >= 0.09 for gap in gaps) >= 4, sorted(gaps)[-10:]
+        [record] = [h for h in run.harness if h["kind"] == "starve"]
+        assert record["writer"] == 0 and record["until"] - record["wall"] == pytest.approx(1.0)
+    finally:
+        process.popen.kill()
+        process.popen.wait()
+
+
+def _announce_step_stop(run: Run) -> None:
+    """What a writer's event log says as it stops itself at a protocol step."""
+    with open(run.workdir / "w0.events", "a") as log:
+        event = {"event": "fault", "kind": "stop", "step": "before_publish"}
+        log.write(json.dumps(event, sort_keys=True) + "\n")
+
+
+def test_starvation_never_continues_a_writer_stopped_at_a_protocol_step(run: Run, tmp_path: Path) -> None:
+    process, _ = _ticking(run, tmp_path)
+    try:
+        # Stopped before the bursts would begin: it is not starved at all.
+        _announce_step_stop(run)
+        process.popen.send_signal(signal.SIGSTOP)  # as the writer sends itself
+        _eventually(lambda: _state(process) == "T", "SIGSTOP was not delivered")
+        run._starve(0, 1.0)
+        assert run.starving == set() and _state(process) == "T"
+        assert not [h for h in run.harness if h["kind"] == "starve"]
+
+        # Stopped while the bursts run: they end and leave it stopped for the run loop to continue.
+        (run.workdir / "w0.events").write_text("")
+        process.popen.send_signal(signal.SIGCONT)
+        run._starve(0, 30.0)
+        time.sleep(0.3)
+        _announce_step_stop(run)
+        _until_starved(run)
+        assert _state(process) == "T"
+    finally:
+        process.popen.kill()
+        process.popen.wait()
+
+
+def test_the_harness_retries_its_seed_write_and_gives_up_after_its_tries(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert = LocalWriter.insert
+    failures = iter([True, False])
+
+    def lose_the_first_lease(self: LocalWriter, *args: Any, **kwargs: Any) -> Any:
+        if next(failures, False):
+            raise LeaseLostError("heartbeat was not renewed for 4.0 s")
+        return insert(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalWriter, "insert", lose_the_first_lease)
+    seeded = run._create()
+    assert [i.requested_time for i in Table.open(Storage.for_uri(run.uri)).timeline().completed()] == [seeded]
+    assert run.notes == ["the seed write failed (try 1): LeaseLostError: heartbeat was not renewed for 4.0 s"]
+
+    again = Run(run.scenario, run.workdir.parent / "again")
+    failures = iter([True] * SEED_TRIES)
+    with pytest.raises(LeaseLostError):
+        again._create()
+    assert len(again.notes) == SEED_TRIES
