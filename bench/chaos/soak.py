@@ -7,12 +7,17 @@ on a shared machine. A progress line is printed as each seed ends; no new seed s
 faults were injected or ``--minutes`` have passed. Then one table, by store (local disk, S3, S3 behind 20
 and 50 ms round trips), and every failing scenario: its violations, its kept directory and the command that
 replays it. A child that crashes or prints no report is itself a failure, shown with its last output.
+
+SIGINT (Ctrl-C) or SIGTERM ends a soak early: no new seed starts, the running ones finish, and the table
+covers every finished seed. A second signal kills the running seeds (their scenarios count for nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,13 +101,33 @@ def soak(
     failures: list[str] = []
     injected, next_seed = 0, first_seed
     running: list[Child] = []
-    while running or (injected < faults and time.monotonic() < deadline):
-        while len(running) < parallel and injected < faults and time.monotonic() < deadline:
+    signals = 0
+
+    def stop(signum: int, _: object) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            name = signal.Signals(signum).name
+            print(f"{name}: no new seeds; waiting for {len(running)} (again: kill them)", flush=True)
+        for child in running if signals > 1 else []:
+            with contextlib.suppress(ProcessLookupError):  # it has just ended
+                os.killpg(child.popen.pid, signal.SIGKILL)  # the seed's harness, writers, daemon
+
+    def more() -> bool:
+        return not signals and injected < faults and time.monotonic() < deadline
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+    while running or more():
+        while len(running) < parallel and more():
             running.append(_start(next_seed, scenarios, workdir))
             next_seed += 1
         time.sleep(0.5)
         for child in [c for c in running if c.popen.poll() is not None]:
             running.remove(child)
+            if child.popen.returncode == -signal.SIGKILL and signals > 1:
+                print(f"seed {child.seed}: killed", flush=True)
+                continue
             seed_faults = _collect(child, scenarios, by_store, violations, failures)
             injected += seed_faults
             print(
@@ -138,7 +163,10 @@ def _start(seed: int, scenarios: int, workdir: Path) -> Child:
         str(report),
     ]
     with open(log, "wb") as output:
-        popen = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
+        # A session of its own: Ctrl-C reaches the soak alone, which lets the seed finish (or kills it all).
+        popen = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True
+        )
     return Child(seed, popen, report, log, time.monotonic())
 
 

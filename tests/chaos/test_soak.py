@@ -313,3 +313,23 @@ def test_the_harness_retries_its_seed_write_and_gives_up_after_its_tries(
     with pytest.raises(LeaseLostError):
         again._create()
     assert len(again.notes) == SEED_TRIES
+
+
+def test_a_soak_ended_by_sigterm_finishes_its_running_seed_and_prints_the_table(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "bench.chaos", "--soak", "--faults", "1000000", "--parallel", "1"]
+    command += ["--scenarios", "1", "--seed", str(LOCAL_SEED), "--workdir", str(tmp_path)]
+    soak = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _eventually(lambda: (tmp_path / f"seed-{LOCAL_SEED}" / "output.log").exists(), "no seed started")
+        soak.send_signal(signal.SIGTERM)
+        output, _ = soak.communicate(timeout=600)
+    finally:
+        soak.kill()
+    assert soak.returncode == 0, output
+    assert "SIGTERM: no new seeds; waiting for 1" in output
+    assert [line.split(":")[0] for line in output.splitlines() if line.startswith("seed ")] == [
+        f"seed {LOCAL_SEED}"
+    ]
+    assert f"seeds {LOCAL_SEED}..{LOCAL_SEED}" in output
+    violations = next(line for line in output.splitlines() if line.startswith("violations"))
+    assert violations.split()[1:] == ["0", "0"]
