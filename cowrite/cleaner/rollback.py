@@ -198,6 +198,32 @@ def collect_heartbeats(
     return deleted
 
 
+def remove_withdrawn_claims(table: Table) -> list[Instant]:
+    """Delete the ``.requested`` files of claims withdrawn but left behind; return them.
+
+    Two claimants of one time (of two actions) both list after claiming, and the later to list withdraws
+    (:meth:`Table._claim`). A withdrawal that failed, or a claimant killed before it, leaves a
+    ``.requested`` file that a timeline (one instant per time) hides behind the other action's instant,
+    so no rollback would ever see it. At a time two actions share, a claim still requested while the
+    other action went on (inflight or completed) is such a leftover: the one that stands is the only one
+    that proceeds. Nothing was written under it, and a claimant that is only paused lists again, misses
+    its file and claims anew. Reads the last listing of the timeline (:meth:`Timeline.load`).
+    """
+    at_shared: dict[str, list[Instant]] = {}
+    for instant in Timeline.listed_at_shared_times(table.storage):
+        at_shared.setdefault(instant.requested_time, []).append(instant)
+    removed = []
+    for instants in at_shared.values():
+        went_on = {i.action for i in instants if i.state is not State.REQUESTED}
+        for instant in instants:
+            if went_on and instant.action not in went_on:
+                table.storage.delete(table.instant_path(instant))
+                removed.append(instant)
+    if removed:
+        log.info("removed withdrawn claims: %s", ", ".join(i.file_name for i in removed))
+    return removed
+
+
 def rollback_failed(
     table: Table,
     lock: TableLock,
@@ -208,6 +234,7 @@ def rollback_failed(
     """Finish interrupted rollbacks, then roll back every failed pending write. Returns what was done."""
     now = time.time() if now is None else now
     timeline = timeline if timeline is not None else table.timeline()
+    remove_withdrawn_claims(table)
     finished = [_finish(table, lock, r, now) for r in timeline.pending().filter(actions=[Action.ROLLBACK])]
     done = [r for r in finished if r is not None]
     for pending in pending_writers(table, timeline, policy, now):

@@ -310,8 +310,8 @@ class Table:
         than ``now_millis``; return it with the timeline listed right after.
 
         The file is created only if absent (test-and-set), and the claim stands if the listing after it
-        shows no other action's instant at the same time (each time names one instant) and no instant with
-        a later time (a completed one's base files would outrank ours in the file groups both touch).
+        shows it, no other action's instant at the same time (each time names one instant) and no instant
+        with a later time (a completed one's base files would outrank ours in the file groups both touch).
         Otherwise it is withdrawn and made again after what the listing showed. So claims that stand carry
         increasing times in the order they were made: of two, the later made lists the earlier and stands
         only above it. Of two claimants of one time, the later to list sees the other: one withdraws.
@@ -330,9 +330,12 @@ class Table:
             shared = instant.requested_time in Timeline.shared_times(self.storage)
             newest = after.last  # the timeline is in time order
             later = newest if newest is not None and newest.requested_time > instant.requested_time else None
-            if not shared and later is None:
+            # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.
+            listed = after.get(instant.requested_time)
+            gone = listed is None or listed.action is not instant.action
+            if not shared and later is None and not gone:
                 break
-            clash = "another action's instant at its time" if shared else f"{later} later"
+            clash = "another action's instant at its time" if shared or gone else f"{later} later"
             self._withdraw(instant, f"{clash} meanwhile")
             timeline = after
         if observed():

@@ -139,6 +139,16 @@ class Timeline:
         previous = _loads.get(storage)
         return previous.shared if previous is not None else frozenset()
 
+    @classmethod
+    def listed_at_shared_times(cls, storage: Storage) -> list[Instant]:
+        """Each instant file the last :meth:`load` of ``storage`` listed at a :meth:`shared_times` time,
+        in every state listed: where a claim withdrawn by its claimant but not deleted hides."""
+        previous = _loads.get(storage)
+        if previous is None or not previous.shared:
+            return []
+        at_shared = (n for n in previous.names if n.split(".", 1)[0].split("_", 1)[0] in previous.shared)
+        return [instant for name in at_shared if (instant := instant_named(name)) is not None]
+
     # -- access ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Instant]:
         return iter(self._instants)

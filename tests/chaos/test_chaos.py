@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -25,7 +26,7 @@ from support import ROOT
 from support.tables import new_table, rows
 
 from cowrite.cleaner import Cleaned, archive, clean, rollback_failed, service_lock
-from cowrite.cleaner.rollback import _finish, _start
+from cowrite.cleaner.rollback import _finish, _start, remove_withdrawn_claims
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
@@ -36,7 +37,7 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, State, from_millis
 from cowrite.format.table import Table
-from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
@@ -271,6 +272,82 @@ def test_a_claim_that_shares_its_time_with_another_action_is_made_again(
         (writer.instant_time, Action.COMMIT),
     ]
     assert not table.storage.exists(f"{TIMELINE_DIR}/{clash}.commit.requested")
+    writer.abort()
+
+
+def _claim_beside_a_clean(
+    table: Table, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[str], None]
+) -> tuple[Transaction, str]:
+    """A writer, its clock ahead, claims the time a clean claimed just before; ``meanwhile(clash)`` runs
+    right after the writer created its ``.requested`` file, before it lists."""
+    ahead = time.time() + 3600
+    clash = from_millis(int(ahead * 1000))
+    backend, original_create = type(table.storage), type(table.storage).create_if_absent
+
+    def create(self: Storage, path: str, data: bytes) -> bool:
+        if path == f"{TIMELINE_DIR}/{clash}.commit.requested":
+            table.storage.write(f"{TIMELINE_DIR}/{clash}.clean.requested", b"")
+            created = original_create(self, path, data)
+            meanwhile(clash)
+            return created
+        return original_create(self, path, data)
+
+    monkeypatch.setattr(backend, "create_if_absent", create)
+    options = WriteOptions(config=table.config, clock=lambda: ahead)
+    writer = Transaction.begin(table, "insert", options=options)
+    monkeypatch.undo()  # every patch of the test: they were for the claim
+    return writer, clash
+
+
+def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went_on(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer that lost a shared time could not delete its claim (soak seed 185027): the timeline hides
+    the leftover behind the clean, so no rollback saw it, and the time stayed used by two actions."""
+    LocalWriter(table).insert(rows(["a"]))
+    original_delete = type(table.storage).delete
+
+    def delete(self: Storage, path: str) -> None:
+        if path.endswith(".commit.requested"):
+            raise StorageError(f"injected: delete {path} failed")
+        original_delete(self, path)
+
+    monkeypatch.setattr(type(table.storage), "delete", delete)
+    writer, clash = _claim_beside_a_clean(table, monkeypatch, lambda _: None)
+    writer.abort()
+    leftover = f"{TIMELINE_DIR}/{clash}.commit.requested"
+    assert table.storage.exists(leftover)
+    lock, policy = service_lock(table), HeartbeatPolicy.from_config(table.config)
+
+    rollback_failed(table, lock, policy)  # the clean is only requested: which claim stands is open yet
+    assert table.storage.exists(leftover)
+
+    table.storage.write(f"{TIMELINE_DIR}/{clash}.clean.inflight", b"")
+    rollback_failed(table, lock, policy)
+    assert not table.storage.exists(leftover)
+    assert table.timeline().get(clash) == Instant(clash, Action.CLEAN, State.INFLIGHT)
+    assert Timeline.shared_times(table.storage) == frozenset()
+
+
+def test_a_claimant_whose_claim_was_removed_before_it_listed_claims_again(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claimant paused between creating its claim and listing: meanwhile the clean of its time went on
+    and a cleaner removed the claim as withdrawn. Listing, it sees no second action at its time, but it
+    does not see its own claim either: it must not stand on a file that is gone."""
+    LocalWriter(table).insert(rows(["a"]))
+
+    def clean_goes_on_and_a_cleaner_runs(clash: str) -> None:
+        table.storage.write(f"{TIMELINE_DIR}/{clash}.clean.inflight", b"")
+        table.timeline()
+        assert [i.file_name for i in remove_withdrawn_claims(table)] == [f"{clash}.commit.requested"]
+
+    writer, clash = _claim_beside_a_clean(table, monkeypatch, clean_goes_on_and_a_cleaner_runs)
+    assert writer.instant_time > clash
+    assert [(i.requested_time, i.action) for i in table.timeline().pending()] == [
+        (clash, Action.CLEAN),
+        (writer.instant_time, Action.COMMIT),
+    ]
     writer.abort()
 
 
