@@ -34,6 +34,7 @@ _HOST = "127.0.0.1"
 _ACCESS_KEY = "cowrite-test"
 _SECRET_KEY = "cowrite-test-secret"
 _REGION = "us-east-1"
+SLOW = 1.0  # seconds: the S3 server reports a request it spent longer on
 
 
 class _Serialised:
@@ -59,6 +60,7 @@ class _Serialised:
                 return [json.dumps(self.listings).encode()]
             if environ["REQUEST_METHOD"] == "GET" and "list-type" in query:
                 self.listings[query.get("prefix", [""])[0]] += 1
+            started = time.monotonic()
             response = self._app(environ, start_response)
             try:
                 return list(response)
@@ -66,6 +68,13 @@ class _Serialised:
                 close = getattr(response, "close", None)
                 if close is not None:
                     close()
+                took = time.monotonic() - started
+                if took > SLOW:  # every other request waited as long: say which one held them up
+                    print(
+                        f"S3 server: {environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}?"
+                        f"{environ.get('QUERY_STRING', '')} took {took:.1f} s",
+                        file=sys.stderr,
+                    )
 
 
 def _serve_s3() -> None:
