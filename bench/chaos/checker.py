@@ -594,8 +594,10 @@ class Checker:
             if requested is None or requested.modified is None or plan.target not in self.claims:
                 continue
             judged_at = requested.modified
+            # S3 keeps whole seconds: the plan was recorded up to a second after its modification time
+            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
             given_up = self.given_up.get(plan.target)
-            if given_up is not None and given_up <= judged_at + EPSILON:
+            if given_up is not None and given_up <= judged_at + slack:
                 continue  # the writer aborted first: failed at once
             # the judge looks at the heartbeat; only an instant that never had one is judged by its files
             beats = [t for t in self.beats[plan.target] if t <= judged_at + EPSILON]
@@ -607,7 +609,6 @@ class Checker:
             longest = max(
                 later - earlier for earlier, later in zip(alive, [*alive[1:], judged_at], strict=True)
             )
-            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
             if longest < self.tolerance - slack:
                 self.fail(
                     "6",

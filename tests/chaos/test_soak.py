@@ -23,6 +23,8 @@ from support import ROOT
 from support.tables import new_table
 
 from cowrite.errors import LeaseLostError
+from cowrite.format.instant import Action, Instant, State
+from cowrite.format.service_metadata import RollbackPlan
 from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
@@ -31,7 +33,7 @@ from cowrite.storage.backend import Storage
 sys.path.insert(0, str(ROOT))  # bench/ lives beside the package
 
 from bench import chaos  # noqa: E402
-from bench.chaos.checker import Checker  # noqa: E402
+from bench.chaos.checker import Checker, Evidence, TimelineFile  # noqa: E402
 from bench.chaos.plan import SOAK, scenario  # noqa: E402
 from bench.chaos.runner import SEED_TRIES, Outcome, Process, Run  # noqa: E402
 
@@ -152,6 +154,35 @@ def test_a_calm_round_that_did_not_commit_is_a_liveness_violation(uri: str) -> N
     [violation] = checker.violations
     assert violation.invariant == "liveness" and f"round {rounds - 1}" in violation.message
     assert "WriteConflictError lost to w1" in violation.message
+
+
+@pytest.mark.parametrize("gave_up", [100.3, 101.3])
+def test_a_rollback_of_a_writer_that_gave_up_is_judged_with_whole_second_times_on_s3(
+    uri: str, gave_up: float
+) -> None:
+    """S3 keeps whole seconds: a rollback plan recorded at 100.4 s shows 100 s. A writer that gave up at
+    100.3 s was failed when judged (soak seed 464748 called it a violation); one at 101.3 s was not yet."""
+    target, rollback = INSTANTS[:2]
+    events = [
+        _event("claimed", 99.9, target, action="commit"),
+        _event("beat", 100.0, target, modified=100.0),
+        _event("gave-up", gave_up, target, reason="conflict"),
+    ]
+    checker = _checker(uri, events, [], 0.0)
+    checker._collect_events()
+    plan = RollbackPlan(target, "commit", ()).to_bytes()
+    evidence = Evidence(
+        files=[],
+        completed={
+            rollback: TimelineFile(Instant(rollback, Action.ROLLBACK, State.COMPLETED, rollback), b"", 101)
+        },
+        requested_files={
+            rollback: TimelineFile(Instant(rollback, Action.ROLLBACK, State.REQUESTED), plan, 100.0)
+        },
+    )
+    checker.check_rollbacks(evidence)
+    judged = [v.message for v in checker.violations if v.invariant == "6" and "judged" in v.message]
+    assert len(judged) == (gave_up > 101.0), judged
 
 
 def test_a_harness_failure_is_reported_with_its_traceback(
