@@ -94,6 +94,38 @@ class LeaseLostError(CommitFailedError):
     """The writer's heartbeat expired or its lock was released by someone else; it must not publish."""
 
 
+class TxnAlreadyCommittedError(CommitFailedError):
+    """The write's application id and version were already committed, or a newer version of that
+    application was: the write committed nothing, on purpose. Do not retry it; the batch is in the table
+    (``committed_by`` names the instant that committed the application's last version)."""
+
+    def __init__(
+        self, table: str, instant: str, app_id: str, version: int, last_version: int, committed_by: str
+    ) -> None:
+        self.table = table
+        self.instant = instant
+        self.app_id = app_id
+        self.version = version
+        self.last_version = last_version
+        self.committed_by = committed_by
+        super().__init__(
+            f"{self.summary} on table {table}: instant {instant} committed nothing (a retry would not either)"
+        )
+
+    @property
+    def summary(self) -> str:
+        """What was found, in one line without the table."""
+        if self.version == self.last_version:
+            return (
+                f"application {self.app_id} version {self.version} was already committed by instant "
+                f"{self.committed_by}"
+            )
+        return (
+            f"application {self.app_id} version {self.version} is older than its version "
+            f"{self.last_version}, already committed by instant {self.committed_by}"
+        )
+
+
 class CommitStateUnknownError(CowriteError):
     """Publishing may or may not have happened; reload the timeline and look for the instant first."""
 

@@ -287,7 +287,7 @@ class Table:
         try:
             lock.check_held()
         except LeaseLostError:
-            self._withdraw(instant, "claimed without the lock")
+            self.withdraw(instant, "claimed without the lock")
             raise
         return instant
 
@@ -336,14 +336,16 @@ class Table:
             if not shared and later is None and not gone:
                 break
             clash = "another action's instant at its time" if shared or gone else f"{later} later"
-            self._withdraw(instant, f"{clash} meanwhile")
+            self.withdraw(instant, f"{clash} meanwhile")
             timeline = after
         if observed():
             seen = sorted(i.requested_time for i in after if i.is_completed)
             reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
         return instant, after
 
-    def _withdraw(self, instant: Instant, why: str) -> None:
+    def withdraw(self, instant: Instant, why: str) -> None:
+        """Delete the ``.requested`` file of a claim under which nothing was written, at once; if that
+        fails the lazy rollback removes it later."""
         try:
             self.storage.delete(self.instant_path(instant))
         except CowriteError as exc:  # nothing was written under it: a rollback removes it later

@@ -75,7 +75,8 @@ def heartbeat_age(storage: Storage, instant: str, now: float | None = None) -> f
 
 
 def abort_reason(storage: Storage, instant: str) -> str | None:
-    """Why the writer of ``instant`` gave up ("conflict", "lease-lost", "error"), or None if it did not.
+    """Why the writer of ``instant`` gave up ("conflict", "lease-lost", "already-committed",
+    "error"), or None if it did not.
 
     An aborting writer rewrites its heartbeat with this reason as its last act, so the instant can be
     rolled back at once instead of after the heartbeat tolerance. An unreadable payload counts as none.

@@ -11,6 +11,11 @@
    still held by the safety margin, it publishes ``<t>_<completion>.<action>`` with a completion time
    above every earlier one.
 
+A write may carry a :class:`~.txn.Txn` (an application id and a version): it is refused — nothing
+committed, :class:`~.errors.TxnAlreadyCommittedError` — when that version or a newer one of the
+application is committed, checked at begin (before any data is written) and again under the lock.
+Every data commit carries forward the last version of every application (:mod:`.txn`).
+
 A failure before the completed file is created leaves only invisible garbage (``.requested``/``.inflight``
 and unreferenced base files) for the lazy rollback. Errors say which of the two cases applies:
 :class:`~.errors.CommitFailedError` (not committed) or :class:`~.errors.CommitStateUnknownError`.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cowrite.errors import (
     CommitFailedError,
@@ -30,6 +35,7 @@ from cowrite.errors import (
     InstantGoneError,
     LeaseLostError,
     StorageError,
+    TxnAlreadyCommittedError,
     WriteConflictError,
 )
 from cowrite.format import config as keys
@@ -48,6 +54,7 @@ from cowrite.protocol.conflict import (
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.backend import FileInfo, stays_inside
 
@@ -62,6 +69,7 @@ class WriteOptions:
     clock: Callable[[], float] = time.time  # wall clock for instant times; injectable to test skew
     lock: TableLock | None = None  # a ready lock, else one is made from the config
     conflict_strategy: ConflictStrategy | None = None
+    txn: Txn | None = None  # an application id and version: the write commits only if that is new
 
     @property
     def heartbeat_policy(self) -> HeartbeatPolicy:
@@ -133,6 +141,16 @@ class Transaction:
         # rolled back, and fails to start.
         claiming = time.monotonic()
         requested, timeline = self.table.begin_instant(self.action, int(self.options.clock() * 1000))
+        if self.options.txn is not None:
+            # A replayed batch is refused here, before any data is written; the claim, under which
+            # nothing was written, is withdrawn so the timeline is left as it was.
+            try:
+                CommittedTxns.of(self.table, timeline).check(
+                    self.options.txn, self.table.name, requested.requested_time
+                )
+            except BaseException:
+                self.table.withdraw(requested, "its application version was already committed")
+                raise
         self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
         self.instant = requested
         self.begin_timeline = timeline
@@ -248,12 +266,13 @@ class Transaction:
         try:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
-            self._read_new_commits()
+            carried = CommittedTxns.of(self.table, self._read_new_commits())
+            metadata = self._with_txns(metadata, carried)
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
             self.lock.acquire()
             try:
                 reached(Step.LOCKED, self.instant_time)
-                completed = self._publish(metadata, payload, revert)
+                completed = self._publish(metadata, payload, revert, carried)
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
@@ -272,10 +291,18 @@ class Transaction:
         log.info("committed %s on %s", completed, self.table)
         return completed
 
-    def _read_new_commits(self) -> None:
+    def _read_new_commits(self) -> Timeline:
         """Read the commits completed since begin before taking the lock (their metadata is cached):
-        under the lock, where every other writer waits, only those completed meanwhile are read."""
-        self._completed_since_begin(self.table.timeline())
+        under the lock, where every other writer waits, only those completed meanwhile are read.
+        Returns the timeline listed."""
+        timeline = self.table.timeline()
+        self._completed_since_begin(timeline)
+        return timeline
+
+    def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
+        """``metadata`` carrying ``carried`` forward, with this write's own txn added."""
+        txns = carried.with_commit(self.options.txn, self.instant_time)
+        return replace(metadata, extra={**metadata.extra, **txns.extra(self.options.txn)})
 
     def _completed_since_begin(self, timeline: Timeline) -> list[Candidate]:
         """The data commits ``timeline`` shows completed since begin, with their metadata (read at once)."""
@@ -285,7 +312,16 @@ class Transaction:
         metadata = self.table.commit_metadata_of(completed)
         return [Candidate(i, m) for i, m in zip(completed, metadata, strict=True)]
 
-    def _publish(self, metadata: CommitMetadata, payload: bytes, revert: RevertClustering | None) -> Instant:
+    def _publish(
+        self,
+        metadata: CommitMetadata,
+        payload: bytes,
+        revert: RevertClustering | None,
+        carried: CommittedTxns,
+    ) -> Instant:
+        """Under the lock: check, then create the completed file. ``payload`` is ``metadata`` encoded,
+        carrying ``carried`` forward; it is encoded again only if commits completed meanwhile changed the
+        map of applications' versions."""
         assert self.instant is not None and self.heartbeat is not None
         timeline = self.table.timeline()
         mine = timeline.get(self.instant_time)
@@ -299,6 +335,12 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
+        current = CommittedTxns.of(self.table, timeline)
+        if self.options.txn is not None:  # another process of the application may have committed it
+            current.check(self.options.txn, self.table.name, self.instant_time)
+        if current != carried:
+            metadata = self._with_txns(metadata, current)
+            payload = metadata.to_bytes(self.action)
         reverted = self._check_conflicts(metadata, timeline, revert)
         self.heartbeat.check()
         self.lock.check_held()
@@ -317,7 +359,7 @@ class Transaction:
         self.table.published(done, payload)
         self.instant = done
         if reverted is not None:
-            self._publish_revert(reverted)
+            self._publish_revert(reverted, metadata.extra[TXNS_KEY])
         return done
 
     def _being_rolled_back(self, timeline: Timeline) -> bool:
@@ -331,13 +373,15 @@ class Transaction:
                 continue
         return False
 
-    def _publish_revert(self, revert: Revert) -> None:
-        """Complete the replacecommit that undoes clusterings, right after our own commit."""
+    def _publish_revert(self, revert: Revert, txns: str) -> None:
+        """Complete the replacecommit that undoes clusterings, right after our own commit; it carries
+        ``txns``, our commit's map of applications' versions, forward."""
         now = int(self.options.clock() * 1000)
         completion = self.table.completion_time(self.table.timeline(), revert.instant.requested_time, now)
         done = revert.instant.transition(State.COMPLETED, completion)
+        plan = replace(revert.plan, extra={**revert.plan.extra, TXNS_KEY: txns})
         if not self.table.storage.create_if_absent(
-            self.table.instant_path(done), revert.plan.to_bytes(Action.REPLACE_COMMIT)
+            self.table.instant_path(done), plan.to_bytes(Action.REPLACE_COMMIT)
         ):
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
         log.info("reverted clusterings %s with %s", revert.plan.extra.get(REVERTED_KEY), done)
@@ -407,6 +451,8 @@ def _abort_reason(cause: BaseException | None) -> str:
         return "conflict"
     if isinstance(cause, LeaseLostError):
         return "lease-lost"
+    if isinstance(cause, TxnAlreadyCommittedError):
+        return "already-committed"
     return "error"
 
 
