@@ -109,7 +109,9 @@ def write(
     """
     table = _table(table)
     config = table.config.with_values(dict(settings)) if settings else table.config
-    return LocalWriter(table, WriteOptions(config=config)).write(data, operation)
+    instant = LocalWriter(table, WriteOptions(config=config)).write(data, operation)
+    assert instant is not None  # without a txn (LocalWriter) a write commits or raises
+    return instant
 
 
 def insert(table: Table | str, data: pa.Table, settings: Mapping[str, str] | None = None) -> Instant:

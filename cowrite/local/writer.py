@@ -25,6 +25,7 @@ from cowrite.engine.planning import (
     to_work,
 )
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
+from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import FileSystemView
@@ -32,42 +33,60 @@ from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
 from cowrite.protocol.transaction import Transaction, WriteOptions, retry_on_conflict
+from cowrite.protocol.txn import committing_instant
 from cowrite.steps import Step, reached
 
 log = logging.getLogger(__name__)
 
 
 class LocalWriter:
-    """Writes Arrow tables into one table from this process."""
+    """Writes Arrow tables into one table from this process.
+
+    With ``options.txn`` (an application id and version, :class:`~cowrite.protocol.txn.Txn`) every
+    write is idempotent: when that version, or a newer one of the application, is already committed,
+    it commits nothing and returns the instant that committed the application's last version (None if
+    that instant is no longer on the timeline nor in the archive); :attr:`refused` then says why.
+    """
 
     def __init__(self, table: Table, options: WriteOptions | None = None) -> None:
         self.table = table
         self.options = options or WriteOptions(config=table.config)
         self._recent = RecentFiles()
         self.records = 0  # records of the last write, after deduplication where the operation merges
+        self.refused: TxnAlreadyCommittedError | None = None  # why the last write committed nothing
 
-    def insert(self, data: pa.Table) -> Instant:
+    def insert(self, data: pa.Table) -> Instant | None:
         return self.write(data, Operation.INSERT)
 
-    def upsert(self, data: pa.Table) -> Instant:
+    def upsert(self, data: pa.Table) -> Instant | None:
         return self.write(data, Operation.UPSERT)
 
-    def delete(self, data: pa.Table) -> Instant:
+    def delete(self, data: pa.Table) -> Instant | None:
         return self.write(data, Operation.DELETE)
 
-    def insert_overwrite(self, data: pa.Table) -> Instant:
+    def insert_overwrite(self, data: pa.Table) -> Instant | None:
         return self.write(data, Operation.INSERT_OVERWRITE)
 
-    def write(self, data: pa.Table, operation: Operation | str, source: str = "input") -> Instant:
-        """Write ``data`` as one instant; on a conflict retry as configured, each time a new instant.
+    def write(self, data: pa.Table, operation: Operation | str, source: str = "input") -> Instant | None:
+        """Write ``data`` as one instant and return it; on a conflict retry as configured, each time a
+        new instant.
 
         ``data`` is held to the table's schema first (:mod:`.contract`): what does not fit raises
-        :class:`SchemaError` before anything is written.
+        :class:`SchemaError` before anything is written. A write whose txn is already committed (see the
+        class) returns the instant that committed it instead, having written nothing — or, when another
+        process of the application committed it meanwhile, having deleted what it wrote.
         """
         operation = Operation(operation)
+        self.refused = None
         prepared = prepare(self.table, data, operation, source, current_schema(self.table))
         self.records = prepared.num_rows
-        return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
+        try:
+            return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
+        except TxnAlreadyCommittedError as exc:
+            log.info("nothing written: %s", exc)
+            self.refused = exc
+            self.records = 0
+            return committing_instant(self.table, exc)
 
     # -- one instant -----------------------------------------------------------------------------
     def _write_once(self, incoming: pa.Table, operation: Operation) -> Instant:

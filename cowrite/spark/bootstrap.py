@@ -84,4 +84,6 @@ def bootstrap(
                 "Bootstrap into a new path, or write the dataset with `cowrite write --engine spark`"
             ) from None
     writer = SparkWriter(table, spark, WriteOptions(config=table.config), source=source)
-    return writer.bulk_insert(frame)
+    instant = writer.bulk_insert(frame)
+    assert instant is not None  # without a txn a write commits or raises
+    return instant

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cowrite.engine.contract import current_schema
 from cowrite.engine.inputs import input_files, read_input
+from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.protocol.transaction import WriteOptions
@@ -58,14 +59,15 @@ def write(
     input_format: str | None,
     operation: str,
     master: str,
-) -> tuple[Instant, int]:
-    """Write the input as one instant with the Spark engine; returns the instant and the records written."""
+) -> tuple[Instant | None, int, TxnAlreadyCommittedError | None]:
+    """Write the input as one instant with the Spark engine; returns the instant, the records written and,
+    for a write whose txn was already committed, why nothing was (:meth:`SparkWriter.write`)."""
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)
         frame = input_frame(spark, input_path, input_format, current_schema(table))
         instant = writer.write(frame, operation)
-        return instant, writer.metrics.input_rows
+        return instant, writer.metrics.input_rows, writer.refused
     finally:
         if created:
             spark.stop()

@@ -45,6 +45,7 @@ relation itself, so it cannot leak into other queries. ``SparkWriter``'s readers
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,13 @@ import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete
 from cowrite.engine.contract import conform, current_schema, fit
 from cowrite.engine.operations import Operation, prepare
-from cowrite.errors import ConfigError, LeaseLostError, TableExistsError, TableNotFoundError
+from cowrite.errors import (
+    ConfigError,
+    LeaseLostError,
+    TableExistsError,
+    TableNotFoundError,
+    TxnAlreadyCommittedError,
+)
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.config import Config
@@ -75,6 +82,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.protocol.txn import Txn
 from cowrite.spark.append import (
     NewFileGroups,
     delete_markers,
@@ -87,6 +95,8 @@ from cowrite.spark.executor import StorageSpec, TableSpec, stat_from_json, stat_
 from cowrite.spark.filters import Predicate, predicates
 from cowrite.spark.reader import Scan, plan_incremental, plan_snapshot
 from cowrite.spark.writing import ReadFiles
+
+log = logging.getLogger(__name__)
 
 NAME = "cowrite"
 WRITE_OPERATIONS = ("insert", "bulk_insert")
@@ -143,6 +153,8 @@ class CowriteDataSource(DataSource):
         return CowriteReader(settings, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """The write's writer; with ``txnAppId`` / ``txnVersion`` of a version already committed (or
+        older than one committed) a writer that writes and commits nothing, as Delta does."""
         return _begin_write(_Settings.of(self.options), schema, overwrite)
 
 
@@ -202,6 +214,7 @@ class _Ticket:
     operation: str
     seen: frozenset[str]  # requested times of the instants completed when it began
     owner: str
+    txn: Txn | None = None
 
     def table(self) -> Table:
         return Table.load(self.uri, **dict(self.storage_options))
@@ -259,7 +272,13 @@ def _open_or_create(settings: _Settings) -> Table:
     return table
 
 
-def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> CowriteWriter:
+def _txn(settings: _Settings) -> Txn | None:
+    config = settings.config
+    app_id, version = config.get(spark_keys.TXN_APP_ID), config.get(spark_keys.TXN_VERSION)
+    return Txn.parse(app_id or None, version or None, ("txnAppId", "txnVersion"))
+
+
+def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> DataSourceWriter:
     operation = settings.config.get(spark_keys.WRITE_OPERATION).lower()
     if operation not in WRITE_OPERATIONS:
         raise ConfigError(
@@ -273,13 +292,18 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
             'the cowrite data source appends: use .mode("append"); to replace partitions use '
             "SparkWriter(table, spark).insert_overwrite(df)"
         )
+    txn = _txn(settings)
     table = _open_or_create(settings)
     config = table.config.with_values(settings.values)
-    options = WriteOptions(config=config)
+    options = WriteOptions(config=config, txn=txn)
     current = current_schema(table)
     fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
     prepare(table, fitted.target.empty_table(), Operation.INSERT, "input", current)
-    transaction = Transaction.begin(table, operation, Action.COMMIT, options)
+    try:
+        transaction = Transaction.begin(table, operation, Action.COMMIT, options)
+    except TxnAlreadyCommittedError as exc:  # a replayed batch: nothing begun, nothing to write
+        log.info("nothing written: %s", exc)
+        return NothingToWrite()
     transaction.share_lease()  # the tasks renew it from now on
     assert transaction.heartbeat is not None
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
@@ -291,6 +315,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Co
         operation=operation,
         seen=transaction.begin_timeline.completed().requested_times,
         owner=transaction.holder.owner,
+        txn=txn,
     )
     return CowriteWriter(
         ticket=ticket,
@@ -336,7 +361,10 @@ class CowriteWriter(DataSourceArrowWriter):
         stats = _stats(messages)
         delete_unreported(table.storage, ticket.instant, stats)
         metadata = CommitMetadata(ticket.operation, tuple(stats), {}, self.commit_schema)
-        complete(_adopt(table, ticket, metadata), metadata)
+        try:
+            complete(_adopt(table, ticket, metadata), metadata)
+        except TxnAlreadyCommittedError as exc:  # committed meanwhile by another process; files deleted
+            log.info("nothing written: %s", exc)
         delete_markers(table.storage, ticket.instant)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -344,6 +372,19 @@ class CowriteWriter(DataSourceArrowWriter):
         table = ticket.table()
         Heartbeat(table.storage, ticket.instant, ticket.policy, ticket.owner).mark_aborted("error")
         discard(table.storage, ticket.instant, _stats(messages))
+
+
+class NothingToWrite(DataSourceArrowWriter):
+    """The writer of a write whose txn is already committed: its tasks read nothing and write nothing."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> CommitStats:
+        return CommitStats()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
 
 
 def _stats(messages: Sequence[WriterCommitMessage | None]) -> list[WriteStat]:
@@ -371,5 +412,5 @@ def _adopt(table: Table, ticket: _Ticket, metadata: CommitMetadata) -> Transacti
     if mine is None or mine.state is not State.REQUESTED:
         raise LeaseLostError(f"instant {ticket.instant} of table {table.name} is no longer requested: {mine}")
     seen = Timeline(i for i in timeline if i.requested_time in ticket.seen)
-    options = WriteOptions(config=Config(ticket.config))
+    options = WriteOptions(config=Config(ticket.config), txn=ticket.txn)
     return Transaction.adopt(table, mine, metadata, seen, options)

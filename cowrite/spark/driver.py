@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
-from cowrite.errors import ConfigError
+from cowrite.errors import ConfigError, TxnAlreadyCommittedError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.table import Table
@@ -44,6 +44,7 @@ class Driver:
         self.source = source
         self.spec = TableSpec.of(table, self.config, source)
         self.metrics = WriteMetrics()
+        self.refused: TxnAlreadyCommittedError | None = None  # why the last write committed nothing
         self._read: Any = None  # accumulators of index files read and pruned, while a write runs
         self._pruned: Any = None
         self._batches = ArrowBatches(spark)  # the Arrow batch settings of the running write

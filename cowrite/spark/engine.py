@@ -65,14 +65,18 @@ partly filled file group per partition than a counted plan opens (which the next
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 
 from cowrite.engine.contract import current_schema, fit
 from cowrite.engine.operations import prepare
+from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.protocol.transaction import retry_on_conflict
+from cowrite.protocol.txn import committing_instant
 from cowrite.spark.batching import ArrowBatches
 from cowrite.spark.inserts import AppendPipeline
 from cowrite.spark.merging import MergePipeline
@@ -80,31 +84,40 @@ from cowrite.spark.operations import SparkOperation, WriteMetrics
 
 __all__ = ["SparkOperation", "SparkWriter", "WriteMetrics"]
 
+log = logging.getLogger(__name__)
+
 
 class SparkWriter(AppendPipeline, MergePipeline):
     """Writes Spark DataFrames into one table: executors write base files, the driver commits.
 
     The table's storage options (S3 endpoint, credentials) travel to the executors with the tasks;
     a ``memory://`` table cannot be written (executors are other processes).
+
+    With ``options.txn`` (an application id and version) every write is idempotent, as the local
+    engine's (:class:`~cowrite.local.writer.LocalWriter`): a version already committed, or older than
+    one committed, commits nothing; the write returns the instant that committed the application's last
+    version (None if it is no longer on the timeline nor in the archive) and :attr:`refused` says why.
     """
 
-    def insert(self, df: DataFrame) -> Instant:
+    def insert(self, df: DataFrame) -> Instant | None:
         return self.write(df, SparkOperation.INSERT)
 
-    def bulk_insert(self, df: DataFrame) -> Instant:
+    def bulk_insert(self, df: DataFrame) -> Instant | None:
         return self.write(df, SparkOperation.BULK_INSERT)
 
-    def upsert(self, df: DataFrame) -> Instant:
+    def upsert(self, df: DataFrame) -> Instant | None:
         return self.write(df, SparkOperation.UPSERT)
 
-    def delete(self, df: DataFrame) -> Instant:
+    def delete(self, df: DataFrame) -> Instant | None:
         return self.write(df, SparkOperation.DELETE)
 
-    def insert_overwrite(self, df: DataFrame) -> Instant:
+    def insert_overwrite(self, df: DataFrame) -> Instant | None:
         return self.write(df, SparkOperation.INSERT_OVERWRITE)
 
-    def write(self, df: DataFrame, operation: SparkOperation | str) -> Instant:
-        """Write ``df`` as one instant; on a conflict retry as configured, each time a new instant.
+    def write(self, df: DataFrame, operation: SparkOperation | str) -> Instant | None:
+        """Write ``df`` as one instant and return it; on a conflict retry as configured, each time a new
+        instant. A write whose txn is already committed returns the instant that committed it (see the
+        class), having committed nothing.
 
         Raises the local engine's :class:`SchemaError` for input that does not fit the table — before
         anything is written, except for the null keys and bad partition values of an insert or
@@ -114,6 +127,15 @@ class SparkWriter(AppendPipeline, MergePipeline):
         """
         operation = SparkOperation(operation)
         self.metrics = WriteMetrics()
+        self.refused = None
+        try:
+            return self._write(df, operation)
+        except TxnAlreadyCommittedError as exc:
+            log.info("nothing written: %s", exc)
+            self.refused = exc
+            return committing_instant(self.table, exc)
+
+    def _write(self, df: DataFrame, operation: SparkOperation) -> Instant:
         meta = [c for c in df.columns if c.startswith("_hoodie_")]
         if meta:  # only then: a projection would hide that the input is cached
             df = df.drop(*meta)

@@ -109,3 +109,17 @@ STORAGE_OPTIONS_JSON = ConfigKey(
     'fsspec options of the table\'s storage as JSON (S3 endpoint, keys), e.g. {"key": "..."}; for the '
     "Spark data source, whose options are strings. Empty = the AWS environment variables.",
 )
+# Delta's names for an idempotent write; Spark's options are case-insensitive (the data source lowers them).
+TXN_APP_ID = ConfigKey(
+    "txnappid",
+    "",
+    _str,
+    "Idempotent data source write (Delta's txnAppId): the writing application's id, with txnVersion.",
+)
+TXN_VERSION = ConfigKey(
+    "txnversion",
+    "",
+    _str,
+    "Idempotent data source write (Delta's txnVersion): this write's version, a non-negative integer; a "
+    "version of the application already committed, or older than one committed, writes nothing.",
+)
