@@ -18,7 +18,7 @@ from cowrite.errors import (
 from cowrite.format.table import Table
 from cowrite.spark import options as _spark_options  # noqa: F401  (every setting checked on open; no Spark)
 
-EXIT_ERROR, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 3, 4, 5, 6
+EXIT_ERROR, EXIT_USAGE, EXIT_CONFLICT, EXIT_LOCK_TIMEOUT, EXIT_LEASE_LOST, EXIT_UNKNOWN = 1, 2, 3, 4, 5, 6
 _EXIT_CODES: list[tuple[type[CowriteError], int]] = [
     (WriteConflictError, EXIT_CONFLICT),
     (LockTimeoutError, EXIT_LOCK_TIMEOUT),
@@ -31,6 +31,12 @@ def fail(exc: BaseException) -> NoReturn:
     code = next((c for kind, c in _EXIT_CODES if isinstance(exc, kind)), EXIT_ERROR)
     click.echo(f"cowrite: {exc}", err=True)
     sys.exit(code)
+
+
+def fail_usage(exc: BaseException) -> NoReturn:
+    """A malformed option value: one line, the usage exit code (no usage text, no traceback)."""
+    click.echo(f"cowrite: {exc}", err=True)
+    sys.exit(EXIT_USAGE)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, str]:

@@ -10,15 +10,14 @@ from pathlib import Path
 import click
 import pyarrow as pa
 
-from cowrite.cli.common import cli, fail, parse_options
+from cowrite.cli.common import cli, fail, fail_usage, parse_options
 from cowrite.engine.contract import current_schema
 from cowrite.engine.inputs import read_input
-from cowrite.errors import (
-    CowriteError,
-)
+from cowrite.errors import ConfigError, CowriteError
 from cowrite.format import config as keys
 from cowrite.format.table import Table
 from cowrite.protocol.transaction import WriteOptions
+from cowrite.protocol.txn import Txn
 
 
 @cli.command()
@@ -46,6 +45,12 @@ from cowrite.protocol.transaction import WriteOptions
     help="local: this process with pyarrow; spark: a Spark job (-o spark.*=... configures its session).",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL (--engine spark).")
+@click.option(
+    "--txn-app-id",
+    help="Idempotent write: the writing application's id (with --txn-version); a version of it already "
+    "committed, or older than one committed, writes nothing and exits 0.",
+)
+@click.option("--txn-version", help="Idempotent write: the version of this write, a non-negative integer.")
 def write(
     path: str,
     input_path: str,
@@ -55,6 +60,8 @@ def write(
     options: Sequence[str],
     engine: str,
     master: str,
+    txn_app_id: str | None,
+    txn_version: str | None,
 ) -> None:
     """Write records into the table at PATH as one commit."""
     from cowrite.local.writer import LocalWriter
@@ -62,15 +69,19 @@ def write(
     if operation == "bulk_insert" and engine != "spark":
         raise click.UsageError("--operation bulk_insert needs --engine spark")
     try:
+        txn = Txn.parse(txn_app_id, txn_version, ("--txn-app-id", "--txn-version"))
+    except ConfigError as exc:
+        fail_usage(exc)
+    try:
         table = Table.load(path)
         settings = parse_options(options)
         if lock_provider:
             settings[keys.LOCK_PROVIDER.key] = lock_provider
-        write_options = WriteOptions(config=table.config.with_values(settings))
+        write_options = WriteOptions(config=table.config.with_values(settings), txn=txn)
         if engine == "spark":
             from cowrite.spark import command
 
-            instant, count = command.write(
+            instant, count, refused = command.write(
                 table, write_options, input_path, input_format, operation, master
             )
         else:
@@ -80,7 +91,11 @@ def write(
                 return
             local = LocalWriter(table, write_options)
             instant = local.write(data, operation, source=input_path)
-            count = local.records
+            count, refused = local.records, local.refused
+        if refused is not None:
+            click.echo(f"nothing written: {refused.summary}")
+            return
+        assert instant is not None  # not refused: committed
         done = f"committed {instant.requested_time} ({operation}, {count} records)"
         if operation == "delete":
             deleted = sum(s.num_deletes for s in table.commit_metadata(instant).write_stats)

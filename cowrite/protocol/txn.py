@@ -61,6 +61,8 @@ class Txn:
         if app_id is None or version is None:
             missing = names[0] if app_id is None else names[1]
             raise ConfigError(f"{names[0]} and {names[1]} go together: {missing} is missing")
+        if not app_id.strip():
+            raise ConfigError(f"{names[0]} must be a non-empty string")
         try:
             number = int(version.strip())
         except ValueError:

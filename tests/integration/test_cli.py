@@ -97,6 +97,56 @@ def jsonl_lines(result: subprocess.CompletedProcess[str]) -> list[dict[str, obje
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def test_a_write_with_a_txn_commits_once_and_a_replay_says_so(tmp_path: Path, inputs: Path) -> None:
+    table = str(tmp_path / "orders")
+    cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field", "version")
+    first = str(inputs / "first.csv")
+    txn = ["--txn-app-id", "ingest", "--txn-version"]
+    done = cowrite("write", table, "--input", first, "--operation", "insert", *txn, "4")
+    assert done.returncode == 0 and done.stdout.startswith("committed "), done.stderr
+    instant = done.stdout.split()[1]
+    files = sorted(p.relative_to(table).as_posix() for p in Path(table).rglob("*") if "locks" not in p.parts)
+    rows = jsonl(cowrite("read", table))
+
+    replay = cowrite("write", table, "--input", str(inputs / "update.jsonl"), *txn, "4")
+    assert (replay.returncode, replay.stderr) == (0, "")
+    assert replay.stdout == (
+        f"nothing written: application ingest version 4 was already committed by instant {instant}\n"
+    )
+    older = cowrite("write", table, "--input", str(inputs / "update.jsonl"), *txn, "3")
+    assert (older.returncode, older.stdout) == (
+        0,
+        f"nothing written: application ingest version 3 is older than its version 4, already committed by "
+        f"instant {instant}\n",
+    )
+    assert sorted(
+        p.relative_to(table).as_posix() for p in Path(table).rglob("*") if "locks" not in p.parts
+    ) == files
+    assert jsonl(cowrite("read", table)) == rows
+    newer = cowrite("write", table, "--input", str(inputs / "update.jsonl"), *txn, "5")
+    assert newer.returncode == 0 and newer.stdout.startswith("committed "), newer.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--txn-app-id", "ingest", "--txn-version", "x"], "--txn-version must be a non-negative integer"),
+        (["--txn-app-id", "ingest", "--txn-version", "-1"], "--txn-version must be a non-negative integer"),
+        (["--txn-app-id", "", "--txn-version", "1"], "--txn-app-id must be a non-empty string"),
+        (["--txn-app-id", "ingest"], "--txn-version is missing"),
+        (["--txn-version", "2"], "--txn-app-id is missing"),
+    ],
+)
+def test_bad_txn_options_are_one_line(tmp_path: Path, inputs: Path, args: list[str], message: str) -> None:
+    table = str(tmp_path / "orders")
+    cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--ordering-field", "version")
+    result = cowrite("write", table, "--input", str(inputs / "first.csv"), *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("cowrite: ")
+    assert message in result.stderr
+    assert not list(Path(table).rglob("*.parquet")) and not list(Path(table).rglob("*.requested"))
+
+
 def test_round_trip_on_local_disk(tmp_path: Path, inputs: Path) -> None:
     _round_trip(str(tmp_path / "orders"), inputs)
 
