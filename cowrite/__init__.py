@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time the names resolve on fi
         PullMode,
         Table,
         Timeline,
+        Txn,
         WriteOptions,
         create,
         delete,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time the names resolve on fi
         TableExistsError,
         TableNotFoundError,
         TimeTravelCleanedError,
+        TxnAlreadyCommittedError,
         WriteConflictError,
     )
 
@@ -78,6 +80,8 @@ __all__ = [
     "TableNotFoundError",
     "TimeTravelCleanedError",
     "Timeline",
+    "Txn",
+    "TxnAlreadyCommittedError",
     "WriteConflictError",
     "WriteOptions",
     "create",

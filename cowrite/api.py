@@ -41,6 +41,7 @@ from cowrite.errors import (  # noqa: F401  (re-exported as cowrite.<Error>)
     TableExistsError,
     TableNotFoundError,
     TimeTravelCleanedError,
+    TxnAlreadyCommittedError,
     WriteConflictError,
 )
 from cowrite.format.instant import Instant
@@ -50,6 +51,7 @@ from cowrite.local import read
 from cowrite.local.read import Pull, PullMode
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import WriteOptions
+from cowrite.protocol.txn import Txn  # noqa: F401  (re-exported as cowrite.Txn)
 from cowrite.spark import options as _spark_options  # noqa: F401  (every setting checked on open; no Spark)
 
 

@@ -18,7 +18,9 @@ groups of the target size. What a data source write cannot do — shuffle rows t
 holds their key — rules out upsert, delete and insert_overwrite, and filling small file groups: use
 :class:`~cowrite.spark.engine.SparkWriter` for those. Only ``mode("append")`` is accepted
 (Spark's Python data sources know append and overwrite; overwrite would need insert_overwrite).
-The first write creates the table from the write options (record key required).
+The first write creates the table from the write options (record key required). With Delta's
+``txnAppId`` / ``txnVersion`` options a write is idempotent (:mod:`cowrite.protocol.txn`): a version of
+the application already committed, or older than one committed, writes and commits nothing.
 
 How one write commits, across the processes Spark uses:
 
