@@ -20,7 +20,9 @@ from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.protocol.heartbeat import HeartbeatPolicy, abort_reason, heartbeat_path
 from cowrite.protocol.locks import InProcessLock, LockHolder
-from cowrite.spark import register
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.protocol.txn import Committed, Txn, last_version
+from cowrite.spark import SparkWriter, register
 from cowrite.spark.datasource import CowriteWriter, _begin_write, _Settings
 from cowrite.spark.executor import stat_from_json
 
@@ -177,3 +179,33 @@ def test_abort_deletes_marked_files_and_a_stale_lease_is_not_committed(spark: An
     with pytest.raises(LeaseLostError):
         late.commit([message])
     assert rows(read.snapshot(table)) == []
+
+
+def test_txn_options_make_data_source_and_spark_writer_writes_idempotent(spark: Any, tmp_path: Path) -> None:
+    register(spark)
+    path = str(tmp_path / "orders")
+    txn = {"txnAppId": "stream", "txnVersion": "7"}
+    spark.createDataFrame(FIRST).write.format("cowrite").mode("append").options(**WRITE, **txn).save(path)
+    table = Table.load(path)
+    (first,) = table.timeline().data_commits()
+    assert last_version(table, "stream") == Committed(7, first.requested_time)
+    files = sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if "locks" not in p.parts)
+
+    spark.createDataFrame(SECOND).write.format("cowrite").mode("append").options(**txn).save(path)
+    older = {"txnAppId": "stream", "txnVersion": "6"}
+    spark.createDataFrame(SECOND).write.format("cowrite").mode("append").options(**older).save(path)
+    after = sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if "locks" not in p.parts)
+    assert after == files
+    assert rows(read.snapshot(table)) == rows(FIRST) == hudi_rs.snapshot(path)
+
+    replay = SparkWriter(table, spark, WriteOptions(config=table.config, txn=Txn("stream", 7)))
+    assert replay.upsert(spark.createDataFrame(SECOND)) == first
+    assert replay.refused is not None and replay.refused.committed_by == first.requested_time
+    newer = SparkWriter(table, spark, WriteOptions(config=table.config, txn=Txn("stream", 8)))
+    second = newer.upsert(spark.createDataFrame(SECOND))
+    assert second is not None and newer.refused is None
+    assert last_version(table, "stream") == Committed(8, second.requested_time)
+    assert list(table.timeline().data_commits()) == [first, second]
+    with pytest.raises(Exception, match="txnVersion must be a non-negative integer"):
+        bad = {"txnAppId": "stream", "txnVersion": "seven"}
+        spark.createDataFrame(SECOND).write.format("cowrite").mode("append").options(**bad).save(path)
