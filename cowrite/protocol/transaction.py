@@ -335,13 +335,16 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
+        # the commits completed meanwhile, read at once (concurrently on object stores): the newest of
+        # them carries the applications' versions
+        candidates = self._completed_since_begin(timeline)
         current = CommittedTxns.of(self.table, timeline)
         if self.options.txn is not None:  # another process of the application may have committed it
             current.check(self.options.txn, self.table.name, self.instant_time)
         if current != carried:
             metadata = self._with_txns(metadata, current)
             payload = metadata.to_bytes(self.action)
-        reverted = self._check_conflicts(metadata, timeline, revert)
+        reverted = self._check_conflicts(metadata, timeline, revert, candidates)
         self.heartbeat.check()
         self.lock.check_held()
         reached(Step.CHECKED, self.instant_time)
@@ -387,12 +390,16 @@ class Transaction:
         log.info("reverted clusterings %s with %s", revert.plan.extra.get(REVERTED_KEY), done)
 
     def _check_conflicts(
-        self, metadata: CommitMetadata, timeline: Timeline, revert: RevertClustering | None
+        self,
+        metadata: CommitMetadata,
+        timeline: Timeline,
+        revert: RevertClustering | None,
+        completed_since_begin: list[Candidate],
     ) -> Revert | None:
         """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
         is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
         ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
-        candidates = self._completed_since_begin(timeline)
+        candidates = list(completed_since_begin)
         if is_service or not ingestion_first:  # pending clustering plans count as touched
             candidates += [
                 Candidate(instant, plan)
