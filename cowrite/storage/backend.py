@@ -18,6 +18,7 @@ Contract, on every backend:
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import threading
 import uuid
@@ -31,6 +32,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
 from cowrite.errors import StorageError
+from cowrite.process import keep_mapping
 from cowrite.storage.inotify import NewFiles, listings
 
 T = TypeVar("T")
@@ -47,6 +49,7 @@ except ImportError:
 
 # Temporary files of atomic local writes start with this prefix; listings skip them.
 _TEMP_PREFIX = ".cowrite-tmp-"
+_S3_FILESYSTEMS_KEPT = 32  # distinct S3 locations and credentials a process works with at once
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,27 @@ class FileInfo:
     @property
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
+
+
+_S3_FILESYSTEMS: dict[tuple[int, str, tuple[tuple[str, str], ...]], AbstractFileSystem] = keep_mapping(
+    "cowrite.storage.backend._S3_FILESYSTEMS",
+    {},
+    f"{_S3_FILESYSTEMS_KEPT} filesystems, the oldest dropped",
+    "an S3 filesystem holds a client (its service model, a connection pool): one per storage opened "
+    "cost a client's creation each time, and the memory of every one for good. Kept by process, options "
+    "and AWS environment, so a process whose credentials or endpoint variables change gets a new client",
+)
+
+
+def _s3_filesystem(options: dict[str, Any]) -> AbstractFileSystem:
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (os.getpid(), json.dumps(options, sort_keys=True, default=repr), environment)
+    fs = _S3_FILESYSTEMS.get(key)
+    if fs is None:
+        if len(_S3_FILESYSTEMS) >= _S3_FILESYSTEMS_KEPT:
+            del _S3_FILESYSTEMS[next(iter(_S3_FILESYSTEMS))]  # the oldest
+        fs = _S3_FILESYSTEMS[key] = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    return fs
 
 
 class Storage:
@@ -88,9 +112,8 @@ class Storage:
             protocol = "s3"
             # Listing caches would hide instants other writers just created.
             options.setdefault("use_listings_cache", False)
-            options.setdefault("skip_instance_cache", True)
         try:
-            fs = fsspec.filesystem(protocol, **options)
+            fs = _s3_filesystem(options) if protocol == "s3" else fsspec.filesystem(protocol, **options)
         except (ImportError, ValueError) as exc:
             raise StorageError(f"cannot open storage for {uri}: {exc}") from exc
         root = fs._strip_protocol(uri if protocol != "file" else rest)

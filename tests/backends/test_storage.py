@@ -158,6 +158,15 @@ def s3_table(server: S3Server, **properties: Any) -> tuple[Table, str]:
     return table, name
 
 
+def test_storages_of_one_s3_location_share_one_client(s3_server: S3Server) -> None:
+    """Each S3 filesystem holds a client (service model, connection pool): a reader or daemon that opens
+    a table over and over must neither build one each time nor keep every one it built."""
+    uri, options = f"s3://{s3_server.bucket}/shared-{uuid.uuid4().hex}", s3_server.storage_options()
+    assert Storage.for_uri(uri, **options).fs is Storage.for_uri(uri, **options).fs
+    other = {**options, "key": "someone-else"}
+    assert Storage.for_uri(uri, **other).fs is not Storage.for_uri(uri, **options).fs
+
+
 def test_walking_a_table_on_s3_asks_once_a_page_of_keys_not_once_a_partition(s3_server: S3Server) -> None:
     """Listing every base file (snapshot reads, an insert's small file groups, the cleaner) of a table
     with 40 partitions: one request, where one a partition cost 40."""
