@@ -293,8 +293,13 @@ def _calm(
         WriterPlan(
             index=w,
             rounds=tuple(
-                Round("upsert", (Row(f"u{w}-{r % 6}", f"p{w}", SEED_TS + 1 + r, f"w{w}.r{r}"),
-                                 Row(f"n{w}-{r}-0", f"p{w}", 0, f"w{w}.r{r}")))
+                Round(
+                    "upsert",
+                    (
+                        Row(f"u{w}-{r % 6}", f"p{w}", SEED_TS + 1 + r, f"w{w}.r{r}"),
+                        Row(f"n{w}-{r}-0", f"p{w}", 0, f"w{w}.r{r}"),
+                    ),
+                )
                 for r in range(rng.randint(*profile.rounds))
             ),
             skew=0.0,

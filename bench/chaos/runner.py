@@ -19,10 +19,11 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry
@@ -116,20 +117,10 @@ def rows_table(rows: list[Row] | tuple[Row, ...]) -> pa.Table:
     )
 
 
-@contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
+def environment(values: dict[str, str]) -> AbstractContextManager[Any]:
     """``values`` in this process's environment meanwhile: the in-process daemon opens tables by URI,
     like a deployed one, and finds the S3 endpoint there."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return patch.dict(os.environ, values)
 
 
 class _ErrorLog(logging.Handler):

@@ -146,8 +146,15 @@ class Timeline:
         previous = _loads.get(storage)
         if previous is None or not previous.shared:
             return []
-        at_shared = (n for n in previous.names if n.split(".", 1)[0].split("_", 1)[0] in previous.shared)
-        return [instant for name in at_shared if (instant := instant_named(name)) is not None]
+        found = []
+        for name in previous.names:
+            try:
+                instant = instant_named(name)
+            except InvalidInstantError:  # skipped, with a warning, when it was listed
+                continue
+            if instant is not None and instant.requested_time in previous.shared:
+                found.append(instant)
+        return found
 
     # -- access ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Instant]:

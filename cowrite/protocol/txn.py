@@ -20,8 +20,9 @@ only: the newest, which carries the map forward, stays.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from cowrite.errors import ConfigError, CorruptTimelineError, TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
@@ -31,6 +32,8 @@ from cowrite.format.timeline import Timeline, archived
 TXNS_KEY = "cowrite.txns"  # the carried map, in every data commit cowrite publishes
 TXN_APP_ID_KEY = "cowrite.txn.app.id"  # the write's own application id and version, when it has them
 TXN_VERSION_KEY = "cowrite.txn.version"
+
+_completion_time = attrgetter("completion_time")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class CommittedTxns:
         Raises :class:`CorruptTimelineError` for a commit whose map cannot be read (a write that goes on
         could forget every application's version), and what reading a commit raises.
         """
-        for instant in reversed(timeline.data_commits().in_completion_order()):
+        for instant in _newest_first(timeline.data_commits()):
             text = table.commit_metadata(instant).extra.get(TXNS_KEY)
             if text is not None:
                 return cls.from_json(text, table.storage.full_path(table.instant_path(instant)))
@@ -142,6 +145,15 @@ class CommittedTxns:
         """The ``extraMetadata`` entries of a commit publishing this map and carrying ``txn``."""
         own = {TXN_APP_ID_KEY: txn.app_id, TXN_VERSION_KEY: str(txn.version)} if txn is not None else {}
         return {TXNS_KEY: self.to_json(), **own}
+
+
+def _newest_first(commits: Timeline) -> Iterator[Instant]:
+    """Completed ``commits`` by completion time, newest first. Asked under the table lock on every commit,
+    and mostly for the newest only: that one is found in one pass, the rest sorted only if asked for."""
+    newest = max(commits, key=_completion_time, default=None)
+    if newest is not None:
+        yield newest
+        yield from sorted((i for i in commits if i is not newest), key=_completion_time, reverse=True)
 
 
 def last_version(table: Table, app_id: str) -> Committed | None:
