@@ -14,16 +14,25 @@ is part of the benchmarks and the chaos harness, not of cowrite:
         options = {..., "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
         ...
         print(proxy.counts())
+
+:class:`ProxyProcess` runs one in a process of its own (``python -m bench.proxy UPSTREAM DELAY``), so that a
+busy client process cannot hold requests up through its interpreter lock: the chaos harness runs its
+checker and consumers beside the proxy it puts in front of the writers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
@@ -41,6 +50,9 @@ _HOP_BY_HOP = {
     "upgrade",
 }
 
+
+# Answered by the proxy itself: "_proxy" is no valid bucket name, so no S3 request can mean it.
+_REQUESTS = "/_proxy/requests"
 
 # SigV4: "AWS4-HMAC-SHA256 Credential=<access key>/<date>/<region>/s3/aws4_request, ..."
 _ACCESS_KEY = re.compile(r"Credential=([^/]+)/")
@@ -132,11 +144,20 @@ class DelayingProxy:
         # No pool limit: a request must never wait for another's connection, only for its own delay.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         app = web.Application(client_max_size=1 << 31)
+        app.router.add_get(_REQUESTS, self._answer_requests)
         app.router.add_route("*", "/{path:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
         return int(self._runner.addresses[0][1])
+
+    async def _answer_requests(self, request: web.Request) -> web.Response:
+        """``GET /_proxy/requests``: :meth:`requests` as JSON; with ``?reset=1``, then :meth:`reset`."""
+        with self._mutex:
+            answered = [asdict(r) for r in self._requests]
+        if request.query.get("reset"):
+            self.reset()
+        return web.json_response(answered)
 
     async def _close(self) -> None:
         if self._runner is not None:
@@ -179,3 +200,60 @@ class DelayingProxy:
             if request.method != "HEAD":  # a HEAD's Content-Length is the object's size: keep it
                 reply.pop("Content-Length", None)
             return web.Response(status=upstream.status, headers=reply, body=payload)
+
+
+class ProxyProcess:
+    """A :class:`DelayingProxy` (with ``trace=True``) in a process of its own, with the same
+    :meth:`requests` and :meth:`reset` over HTTP; it exits with its parent (its stdin closes)."""
+
+    def __init__(self, upstream: str, delay: float = 0.02) -> None:
+        self.delay = delay
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "bench.proxy", upstream, str(delay)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],  # where ``bench`` is a package
+        )
+        assert self._process.stdout is not None
+        port = self._process.stdout.readline().strip()
+        if not port.isdigit():
+            self._process.kill()
+            raise RuntimeError(f"the delaying proxy did not start (exit {self._process.wait()})")
+        self.endpoint_url = f"http://127.0.0.1:{port}"
+
+    def requests(self) -> list[Request]:
+        return self._fetch("")
+
+    def reset(self) -> list[Request]:
+        """The requests since the last reset; tracing starts again from none."""
+        return self._fetch("?reset=1")
+
+    def _fetch(self, query: str) -> list[Request]:
+        with urllib.request.urlopen(self.endpoint_url + _REQUESTS + query, timeout=30) as answer:
+            return [Request(**r) for r in json.load(answer)]
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self._process.communicate(timeout=10)  # closes its stdin: the proxy stops
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.communicate()
+
+
+def _serve(upstream: str, delay: float) -> None:
+    """The proxy's own process: print the port, serve until stdin closes (the parent left or died)."""
+    with DelayingProxy(upstream, delay, trace=True) as proxy:
+        print(proxy.endpoint_url.rsplit(":", 1)[1], flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python -m bench.proxy UPSTREAM DELAY_SECONDS  (started by ProxyProcess)")
+    _serve(sys.argv[1], float(sys.argv[2]))

@@ -24,9 +24,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cowrite.format.timeline import TIMELINE_DIR
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR
+from cowrite.protocol.locks.filesystem import LOCK_DIR
+from cowrite.storage.backend import Storage
+
 from .checker import Checker, Stats, Violation
 from .plan import LONG, PROFILES, QUICK, SOAK, Profile, Scenario, scenario
-from .runner import ROOT, Run, environment
+from .runner import ROOT, Outcome, Run, environment
 
 
 @dataclass
@@ -104,11 +109,12 @@ class S3Endpoint:
 @contextmanager
 def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3Endpoint], list[Any]]]:
     """The tests' moto server (serialised, like real S3's conditional PUT), the endpoints by latency, and
-    for each non-zero latency the object-store benchmark's delaying proxy in front of the server."""
+    for each non-zero latency the object-store benchmark's delaying proxy in front of the server, in a process
+    of its own."""
     sys.path.insert(0, str(ROOT / "tests"))
     from support.servers import S3Server
 
-    from bench.proxy import DelayingProxy
+    from bench.proxy import ProxyProcess
 
     with ExitStack() as stack:
         server = stack.enter_context(S3Server(bucket="cowrite-chaos"))
@@ -116,7 +122,7 @@ def _s3_endpoints(latencies: set[float]) -> Iterator[tuple[Any, dict[float, S3En
         for latency in latencies:
             url = server.endpoint_url
             if latency:
-                proxies.append(stack.enter_context(DelayingProxy(server.endpoint_url, latency, trace=True)))
+                proxies.append(stack.enter_context(ProxyProcess(server.endpoint_url, latency)))
                 url = proxies[-1].endpoint_url
             endpoints[latency] = S3Endpoint(server.bucket, url, server.storage_options(), server.env())
         yield server, endpoints, proxies
@@ -160,6 +166,8 @@ def run(
                     outcome = Run(plan, directory, endpoint, direct).execute()
                     violations, stats = Checker(outcome).check()
                 notes = outcome.notes
+                if violations and endpoint is not None:
+                    _keep_timeline(outcome, directory / "timeline")
             except Exception as exc:
                 violations = [Violation("harness", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")]
                 stats, notes = Stats(scenarios=1), []
@@ -184,17 +192,34 @@ def run(
     return report
 
 
+def _keep_timeline(outcome: Outcome, target: Path) -> None:
+    """Copy an S3 table's ``.hoodie`` (the server's tables die with it) to ``target``, with ``listing.txt``
+    giving each file's modification time: the evidence a failing S3 scenario is judged on."""
+    storage = Storage.for_uri(outcome.uri, **outcome.storage_options)
+    lines = []
+    for directory in (TIMELINE_DIR, HEARTBEAT_DIR, LOCK_DIR):
+        for info in storage.list(directory):
+            lines.append(f"{info.modified:.3f} {info.size:6d} {info.path}")
+            try:
+                data = storage.read(info.path)
+            except FileNotFoundError:
+                continue
+            (target / info.path).parent.mkdir(parents=True, exist_ok=True)
+            (target / info.path).write_bytes(data)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "listing.txt").write_text("\n".join(sorted(lines)) + "\n")
+
+
 def _slow_requests(proxies: list[Any]) -> list[str]:
     """Requests the proxies held a second longer than their delay since the last call (then forgotten)."""
     slow = []
     for proxy in proxies:
-        for request in proxy.requests():
+        for request in proxy.reset():
             if request.ended - request.began > proxy.delay + 1.0:
                 slow.append(
                     f"slow request: {request.kind} {request.path} took {request.ended - request.began:.1f} s "
                     f"at {request.began:.2f}"
                 )
-        proxy.reset()
     return slow
 
 

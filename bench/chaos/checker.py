@@ -568,7 +568,7 @@ class Checker:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
         instant once (unless its writer resumed and wrote ``.inflight`` again after the rollback), only
         its own files; a second run changes nothing."""
-        targets: Counter[str] = Counter()
+        targets: defaultdict[str, list[str]] = defaultdict(list)
         first_done: dict[str, float] = {}
         for time_, item in evidence.completed.items():
             if item.instant.action is not Action.ROLLBACK:
@@ -579,7 +579,7 @@ class Checker:
                 self.fail("6", f"rollback {time_} has no plan")
                 continue
             plan = RollbackPlan.from_bytes(content, time_)
-            targets[plan.target] += 1
+            targets[plan.target].append(time_)
             if item.modified is not None:
                 first_done[plan.target] = min(item.modified, first_done.get(plan.target, item.modified))
             if plan.target in evidence.completed:
@@ -615,10 +615,11 @@ class Checker:
                     f"rollback {time_} judged {plan.target} failed, yet its heartbeat was never older than "
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
-        for target, count in targets.items():
+        for target, rollbacks in targets.items():
             came_back = any(t > first_done.get(target, float("inf")) for t in self.planned[target])
-            if count > 1 and not came_back:
-                self.fail("6", f"instant {target} was rolled back {count} times")
+            if len(rollbacks) > 1 and not came_back:
+                by = ", ".join(rollbacks)
+                self.fail("6", f"instant {target} was rolled back {len(rollbacks)} times: by {by}")
         before = _inventory(self.storage)
         again = rollback_failed(self.table, service_lock(self.table, "chaos-checker"), self.o.policy)
         if again:

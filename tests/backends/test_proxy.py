@@ -18,12 +18,12 @@ from cowrite.local.writer import LocalWriter
 from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(ROOT))
-from bench.proxy import DelayingProxy  # noqa: E402
+from bench.proxy import DelayingProxy, ProxyProcess  # noqa: E402
 
 DELAY = 0.05
 
 
-def through(server: S3Server, proxy: DelayingProxy) -> dict[str, Any]:
+def through(server: S3Server, proxy: DelayingProxy | ProxyProcess) -> dict[str, Any]:
     options = server.storage_options()
     return {**options, "client_kwargs": {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}}
 
@@ -65,3 +65,18 @@ def test_a_table_written_through_the_proxy_reads_back_with_hudi_rs(s3_server: S3
             {"id": 2, "p": "b", "v": "y"},
         ]
         assert proxy.counts()["PUT"] > 0
+
+
+def test_a_proxy_in_a_process_of_its_own_delays_traces_and_exits_with_its_parent(s3_server: S3Server) -> None:
+    with ProxyProcess(s3_server.endpoint_url, delay=DELAY) as proxy:
+        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        started = time.monotonic()
+        storage.write("a/blob", b"x")
+        assert time.monotonic() - started >= DELAY
+        assert storage.read("a/blob") == b"x"
+        traced = proxy.requests()
+        assert [r.kind for r in traced][-1] == "GET" and "PUT" in {r.kind for r in traced}
+        assert all(r.ended - r.began >= DELAY for r in traced)
+        assert proxy.reset() == traced and proxy.requests() == []
+        process = proxy._process
+    assert process.returncode == 0  # stopped by closing its stdin
