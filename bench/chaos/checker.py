@@ -618,7 +618,7 @@ class Checker:
         for target, rollbacks in targets.items():
             came_back = any(t > first_done.get(target, float("inf")) for t in self.planned[target])
             if len(rollbacks) > 1 and not came_back:
-                by = ", ".join(rollbacks)
+                by = ", ".join(sorted(rollbacks))
                 self.fail("6", f"instant {target} was rolled back {len(rollbacks)} times: by {by}")
         before = _inventory(self.storage)
         again = rollback_failed(self.table, service_lock(self.table, "chaos-checker"), self.o.policy)

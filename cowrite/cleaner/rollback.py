@@ -96,8 +96,18 @@ def _start(
 
 
 def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | None:
-    """The rollback instant (pending or completed) whose plan names ``target``, if there is one."""
-    for rollback in timeline.filter(actions=[Action.ROLLBACK]):
+    """The rollback instant (pending or completed) whose plan names ``target``, if there is one.
+
+    ``timeline`` is the last one listed. It shows one instant per time: a rollback claimed at the time of a
+    writer's claim whose withdrawal failed may be hidden behind it, and it is looked at all the same
+    (missed, the target would be rolled back twice).
+    """
+    hidden: dict[str, Instant] = {}
+    for instant in Timeline.listed_at_shared_times(table.storage):
+        known = hidden.get(instant.requested_time)
+        if instant.action is Action.ROLLBACK and (known is None or instant.state > known.state):
+            hidden[instant.requested_time] = instant
+    for rollback in [*timeline.filter(actions=[Action.ROLLBACK]), *hidden.values()]:
         if rollback.requested_time <= target:
             continue
         try:

@@ -60,9 +60,17 @@ class InstantRange:
 
 
 def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str] | None = None) -> None:
-    """Keep ``instant`` if it is its time's latest state; note in ``shared`` a time two actions claimed."""
+    """Keep ``instant`` if it is its time's latest state; note in ``shared`` a time two actions claimed.
+
+    Of two actions' files in one state at one time, the first by name is kept, so that every process
+    shows the same one (names arrive in a set's order, which differs from process to process).
+    """
     known = latest.get(instant.requested_time)
-    if known is None or instant.state > known.state:
+    if (
+        known is None
+        or instant.state > known.state
+        or (instant.state == known.state and instant.file_name < known.file_name)
+    ):
         latest[instant.requested_time] = instant
     if shared is not None and known is not None and known.action is not instant.action:
         shared.add(instant.requested_time)

@@ -352,6 +352,34 @@ def test_a_claimant_whose_claim_was_removed_before_it_listed_claims_again(
     writer.abort()
 
 
+def test_a_rollback_hidden_behind_a_leftover_claim_at_its_time_is_not_made_twice(table: Table) -> None:
+    """A writer claimed the time of a rollback being carried out and could not withdraw (soak seed 502970):
+    the timeline shows one instant per time, the writer's leftover, and a cleaner that missed the hidden
+    rollback recorded a second one of the same failed instant."""
+    LocalWriter(table).insert(rows(["a"]))
+    lock, policy = service_lock(table), HeartbeatPolicy.from_config(table.config)
+    later = time.time() + 60  # every file written now is past its tolerance then
+    failed = Instant(from_millis(int(time.time() * 1000)), Action.COMMIT, State.REQUESTED)
+    table.storage.write(table.instant_path(failed), b"")
+    first = _start(table, lock, failed, policy, later)
+    assert first is not None
+    leftover = Instant(first.requested_time, Action.COMMIT, State.REQUESTED)
+    table.storage.write(table.instant_path(leftover), b"")
+    assert table.timeline().get(first.requested_time) == leftover  # in every process: the first by name
+
+    rollback_failed(table, lock, policy, later)  # the leftover is rolled back; the hidden one is not redone
+    rollback_failed(table, lock, policy, later)  # the hidden one, no longer hidden, is finished
+
+    by_target: dict[str, list[Instant]] = {}
+    for rollback in table.timeline().filter(actions=[Action.ROLLBACK]):
+        by_target.setdefault(table.rollback_plan(rollback).target, []).append(rollback)
+    assert [r.requested_time for r in by_target[failed.requested_time]] == [first.requested_time]
+    assert len(by_target[leftover.requested_time]) == 1 and len(by_target) == 2
+    assert all(r.is_completed for rollbacks in by_target.values() for r in rollbacks)
+    assert table.timeline().get(failed.requested_time) is None
+    assert rollback_failed(table, lock, policy, later) == []
+
+
 def test_a_claim_below_a_commit_that_completed_meanwhile_is_made_again(
     table: Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -428,7 +456,8 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
     assert not table.timeline().pending()
     assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
     # the checker allows the second rollback only because the writer came back
-    twice = f"instant {zombie.instant_time} was rolled back 2 times"
+    by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
+    twice = f"instant {zombie.instant_time} was rolled back 2 times: by {by}"
     for events, reported in (({}, [twice]), ({0: [came_back]}, [])):
         outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
         violations, _ = Checker(outcome).check()

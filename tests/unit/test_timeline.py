@@ -173,6 +173,24 @@ def test_loading_again_sees_exactly_what_was_added_and_removed(storage: Storage)
     assert list(first) == LATEST  # an earlier snapshot never changes
 
 
+def test_two_claims_of_one_time_show_the_same_one_whatever_came_first(storage: Storage) -> None:
+    """A time claimed by two actions (one claim left behind) shows one instant: the same in every process,
+    or two cleaners could each miss what the other sees (names come in a set's order, per process)."""
+    for first, second in (
+        (requested(T1, Action.ROLLBACK), requested(T1)),
+        (requested(T2), requested(T2, Action.ROLLBACK)),
+    ):
+        storage.write(f"{TIMELINE_DIR}/{first.file_name}", b"")
+        assert Timeline.load(storage).get(first.requested_time) == first
+        storage.write(f"{TIMELINE_DIR}/{second.file_name}", b"")
+        assert Timeline.load(storage).get(first.requested_time) == requested(first.requested_time)
+        storage.write(f"{TIMELINE_DIR}/{inflight(first.requested_time, Action.ROLLBACK).file_name}", b"")
+        assert Timeline.load(storage).get(first.requested_time) == inflight(
+            first.requested_time, Action.ROLLBACK
+        )
+    assert Timeline.shared_times(storage) == {T1, T2}
+
+
 def test_load_of_an_empty_or_missing_timeline(storage: Storage) -> None:
     assert list(Timeline.load(storage)) == []
 
