@@ -21,6 +21,8 @@ holds their key — rules out upsert, delete and insert_overwrite, and filling s
 The first write creates the table from the write options (record key required). With Delta's
 ``txnAppId`` / ``txnVersion`` options a write is idempotent (:mod:`cowrite.protocol.txn`): a version of
 the application already committed, or older than one committed, writes and commits nothing.
+``df.writeStream.format("cowrite")`` takes the same options and appends each micro-batch as one
+instant, exactly once across restarts (:mod:`.sink`).
 
 How one write commits, across the processes Spark uses:
 
@@ -58,6 +60,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -158,6 +161,12 @@ class CowriteDataSource(DataSource):
         """The write's writer; with ``txnAppId`` / ``txnVersion`` of a version already committed (or
         older than one committed) a writer that writes and commits nothing, as Delta does."""
         return _begin_write(_Settings.of(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        """``writeStream.format("cowrite")``: each micro-batch one instant, exactly once (:mod:`.sink`)."""
+        from cowrite.spark.sink import stream_writer  # the sink builds on this module's writing parts
+
+        return stream_writer(_Settings.of(self.options), schema, overwrite)
 
 
 # -- reading -----------------------------------------------------------------------------------------------
