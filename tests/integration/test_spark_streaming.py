@@ -65,7 +65,7 @@ def source(tmp_path: Path) -> Path:
     return path
 
 
-def stream(spark: Any, source: Path, checkpoint: Path) -> Any:
+def stream(spark: Any, source: Path) -> Any:
     return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
 
 
@@ -73,7 +73,7 @@ def sink(spark: Any, source: Path, path: str, checkpoint: Path, **options: str) 
     """Start the sink on every file of ``source`` (availableNow): returns the running query."""
     register(spark)
     return (
-        stream(spark, source, checkpoint)
+        stream(spark, source)
         .writeStream.format("cowrite")
         .options(**WRITE, **options)
         .option("checkpointLocation", str(checkpoint))
@@ -206,7 +206,7 @@ def held_sink(spark: Any, source: Path, path: str, checkpoint: Path, release: Pa
     held = F.udf(hold, "string", useArrow=False)
     register(spark)
     return (
-        stream(spark, source, checkpoint)
+        stream(spark, source)
         .withColumn("v", held("v"))
         .writeStream.format("cowrite")
         .options(**WRITE, **options)
@@ -296,7 +296,7 @@ def test_the_sink_refuses_what_it_cannot_honour(spark: Any, tmp_path: Path, sour
 # -- the foreachBatch helpers: upserts and deletes --------------------------------------------------------
 def each_batch(spark: Any, source: Path, checkpoint: Path, function: Callable[[Any, int], None]) -> Any:
     return (
-        stream(spark, source, checkpoint)
+        stream(spark, source)
         .writeStream.foreachBatch(function)
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
