@@ -48,11 +48,9 @@ relation itself, so it cannot leak into other queries. ``SparkWriter``'s readers
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -74,20 +72,14 @@ from cowrite.engine.contract import conform, current_schema, fit
 from cowrite.engine.operations import Operation, prepare
 from cowrite.errors import (
     ConfigError,
-    LeaseLostError,
-    TableExistsError,
-    TableNotFoundError,
     TxnAlreadyCommittedError,
 )
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
-from cowrite.format.config import Config
-from cowrite.format.instant import Action, State
+from cowrite.format.instant import Action
 from cowrite.format.table import Table
-from cowrite.format.timeline import Timeline
-from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
+from cowrite.protocol.heartbeat import Heartbeat
 from cowrite.protocol.transaction import Transaction, WriteOptions
-from cowrite.protocol.txn import Txn
 from cowrite.spark.append import (
     NewFileGroups,
     delete_markers,
@@ -98,47 +90,19 @@ from cowrite.spark.append import (
 )
 from cowrite.spark.executor import StorageSpec, TableSpec, stat_from_json, stat_to_json
 from cowrite.spark.filters import Predicate, predicates
+from cowrite.spark.handover import WRITE_OPERATIONS, Settings, Ticket, adopt, open_or_create, txn_of
 from cowrite.spark.reader import Scan, plan_incremental, plan_snapshot
+from cowrite.spark.sink import stream_writer
 from cowrite.spark.writing import ReadFiles
 
 log = logging.getLogger(__name__)
 
 NAME = "cowrite"
-WRITE_OPERATIONS = ("insert", "bulk_insert")
 
 
 def register(spark: SparkSession) -> None:
     """Make ``format("cowrite")`` known to ``spark``."""
     spark.dataSource.register(CowriteDataSource)
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """A data source's options: the table's location, its storage options and the rest as settings."""
-
-    uri: str
-    storage_options: Mapping[str, Any]
-    values: Mapping[str, str]
-
-    @classmethod
-    def of(cls, options: Mapping[str, str]) -> _Settings:
-        values = {str(k).lower(): str(v) for k, v in dict(options).items()}
-        uri = values.pop("path", "")
-        if not uri:
-            raise ConfigError("the cowrite data source needs a table path: .load(path) or .save(path)")
-        raw = values.get(spark_keys.STORAGE_OPTIONS_JSON.key, "")
-        try:
-            storage_options = json.loads(raw) if raw else {}
-        except ValueError as exc:
-            raise ConfigError(f"{spark_keys.STORAGE_OPTIONS_JSON.key} is not JSON: {exc}") from None
-        return cls(uri, storage_options, values)
-
-    @property
-    def config(self) -> Config:
-        return Config(self.values)
-
-    def table(self) -> Table:
-        return Table.load(self.uri, **dict(self.storage_options))
 
 
 class CowriteDataSource(DataSource):
@@ -149,28 +113,26 @@ class CowriteDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        settings = _Settings.of(self.options)
+        settings = Settings.of(self.options)
         rules = predicates(settings.config.get(spark_keys.READ_FILTERS))
         return from_arrow_schema(_plan(settings, settings.table(), rules).schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        settings = _Settings.of(self.options)
+        settings = Settings.of(self.options)
         return CowriteReader(settings, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """The write's writer; with ``txnAppId`` / ``txnVersion`` of a version already committed (or
         older than one committed) a writer that writes and commits nothing, as Delta does."""
-        return _begin_write(_Settings.of(self.options), schema, overwrite)
+        return _begin_write(Settings.of(self.options), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         """``writeStream.format("cowrite")``: each micro-batch one instant, exactly once (:mod:`.sink`)."""
-        from cowrite.spark.sink import stream_writer  # the sink builds on this module's writing parts
-
-        return stream_writer(_Settings.of(self.options), schema, overwrite)
+        return stream_writer(Settings.of(self.options), schema, overwrite)
 
 
 # -- reading -----------------------------------------------------------------------------------------------
-def _plan(settings: _Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
+def _plan(settings: Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
     config = settings.config
     query = config.get(spark_keys.QUERY_TYPE).lower()
     if query in ("snapshot", "read_optimized"):
@@ -194,7 +156,7 @@ class FileToRead(InputPartition):
 class CowriteReader(DataSourceReader):
     """Plans the scan on the driver (one input partition per base file); tasks read their file."""
 
-    def __init__(self, settings: _Settings, schema: StructType) -> None:
+    def __init__(self, settings: Settings, schema: StructType) -> None:
         self.settings = settings
         self.schema = to_arrow_schema(schema, timezone="UTC")
         self.rules: tuple[Predicate, ...] = predicates(settings.config.get(spark_keys.READ_FILTERS))
@@ -214,27 +176,6 @@ class CowriteReader(DataSourceReader):
 
 
 # -- writing -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Ticket:
-    """A begun instant, handed from the process that began it to the tasks and to the one that commits."""
-
-    uri: str
-    storage_options: Mapping[str, Any]
-    config: Mapping[str, str]
-    instant: str
-    operation: str
-    seen: frozenset[str]  # requested times of the instants completed when it began
-    owner: str
-    txn: Txn | None = None
-
-    def table(self) -> Table:
-        return Table.load(self.uri, **dict(self.storage_options))
-
-    @property
-    def policy(self) -> HeartbeatPolicy:
-        return HeartbeatPolicy.from_config(Config(self.config))
-
-
 @dataclass
 class CommitStats(WriterCommitMessage):
     """What one task wrote: write stats as JSON."""
@@ -242,54 +183,7 @@ class CommitStats(WriterCommitMessage):
     stats: tuple[str, ...] = ()
 
 
-def _open_or_create(settings: _Settings) -> Table:
-    config = settings.config
-    given_keys = config.get(spark_keys.WRITE_RECORDKEY_FIELD)
-    given_partitions = config.get(spark_keys.WRITE_PARTITIONPATH_FIELD)
-    given_ordering = config.get(spark_keys.WRITE_PRECOMBINE_FIELD)
-    try:
-        table = settings.table()
-    except TableNotFoundError:
-        if not given_keys:
-            raise ConfigError(
-                f"no table at {settings.uri} yet: set {spark_keys.WRITE_RECORDKEY_FIELD.key} (and "
-                f"{spark_keys.WRITE_PARTITIONPATH_FIELD.key}, {spark_keys.WRITE_PRECOMBINE_FIELD.key}) "
-                "to create it"
-            ) from None
-        name = config.get(keys.TABLE_NAME) or config.get(spark_keys.WRITE_TABLE_NAME)
-        try:
-            return Table.create(
-                settings.uri,
-                name=name or settings.uri.rstrip("/").rsplit("/", 1)[-1],
-                record_key_fields=given_keys,
-                partition_fields=given_partitions,
-                ordering_fields=(given_ordering,) if given_ordering else (),
-                hive_style_partitioning=config.get(keys.HIVE_STYLE_PARTITIONING),
-                storage_options=settings.storage_options,
-            )
-        except TableExistsError:  # another writer created it meanwhile
-            table = settings.table()
-    mismatched = [
-        f"{key.key}={','.join(given) if isinstance(given, tuple) else given} (the table has {have})"
-        for key, given, have in (
-            (spark_keys.WRITE_RECORDKEY_FIELD, given_keys, ",".join(table.record_key_fields)),
-            (spark_keys.WRITE_PARTITIONPATH_FIELD, given_partitions, ",".join(table.partition_fields)),
-            (spark_keys.WRITE_PRECOMBINE_FIELD, given_ordering, ",".join(table.ordering_fields)),
-        )
-        if given and (",".join(given) if isinstance(given, tuple) else given) != have
-    ]
-    if mismatched:
-        raise ConfigError(f"options do not match the table at {settings.uri}: {'; '.join(mismatched)}")
-    return table
-
-
-def _txn(settings: _Settings) -> Txn | None:
-    config = settings.config
-    app_id, version = config.get(spark_keys.TXN_APP_ID), config.get(spark_keys.TXN_VERSION)
-    return Txn.parse(app_id or None, version or None, ("txnAppId", "txnVersion"))
-
-
-def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> DataSourceWriter:
+def _begin_write(settings: Settings, schema: StructType, overwrite: bool) -> DataSourceWriter:
     operation = settings.config.get(spark_keys.WRITE_OPERATION).lower()
     if operation not in WRITE_OPERATIONS:
         raise ConfigError(
@@ -303,8 +197,8 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Da
             'the cowrite data source appends: use .mode("append"); to replace partitions use '
             "SparkWriter(table, spark).insert_overwrite(df)"
         )
-    txn = _txn(settings)
-    table = _open_or_create(settings)
+    txn = txn_of(settings)
+    table = open_or_create(settings)
     config = table.config.with_values(settings.values)
     options = WriteOptions(config=config, txn=txn)
     current = current_schema(table)
@@ -318,7 +212,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Da
     transaction.share_lease()  # the tasks renew it from now on
     assert transaction.heartbeat is not None
     transaction.heartbeat.stop(delete=False)  # this process may be gone before the commit
-    ticket = _Ticket(
+    ticket = Ticket(
         uri=settings.uri,
         storage_options=table.storage.portable_options(),  # the tasks run where the driver's env is not
         config=config.raw(),
@@ -342,7 +236,7 @@ def _begin_write(settings: _Settings, schema: StructType, overwrite: bool) -> Da
 class CowriteWriter(DataSourceArrowWriter):
     """Tasks write new file groups; the driver side commits or aborts the begun instant."""
 
-    ticket: _Ticket
+    ticket: Ticket
     spec: TableSpec
     target: pa.Schema  # every batch is conformed to the table's schema (see ..contract)
     commit_schema: str
@@ -373,7 +267,7 @@ class CowriteWriter(DataSourceArrowWriter):
         delete_unreported(table.storage, ticket.instant, stats)
         metadata = CommitMetadata(ticket.operation, tuple(stats), {}, self.commit_schema)
         try:
-            complete(_adopt(table, ticket, metadata), metadata)
+            complete(adopt(table, ticket, metadata), metadata)
         except TxnAlreadyCommittedError as exc:  # committed meanwhile by another process; files deleted
             log.info("nothing written: %s", exc)
         delete_markers(table.storage, ticket.instant)
@@ -405,23 +299,3 @@ def _stats(messages: Sequence[WriterCommitMessage | None]) -> list[WriteStat]:
         if isinstance(message, CommitStats)
         for text in message.stats
     ]
-
-
-def _adopt(table: Table, ticket: _Ticket, metadata: CommitMetadata) -> Transaction:
-    """Take over the begun instant in this process, if its lease is still live; publishes the plan."""
-    policy = ticket.policy
-    age = heartbeat_age(table.storage, ticket.instant)
-    reason = abort_reason(table.storage, ticket.instant)
-    if age is None or age > policy.tolerance or reason is not None:
-        state = "gone" if age is None else f"{age:.0f} s old" + (f", aborted ({reason})" if reason else "")
-        raise LeaseLostError(
-            f"the heartbeat of instant {ticket.instant} of table {table.name} is {state}; "
-            "the write lost its lease and is not committed"
-        )
-    timeline = table.timeline()
-    mine = timeline.get(ticket.instant)
-    if mine is None or mine.state is not State.REQUESTED:
-        raise LeaseLostError(f"instant {ticket.instant} of table {table.name} is no longer requested: {mine}")
-    seen = Timeline(i for i in timeline if i.requested_time in ticket.seen)
-    options = WriteOptions(config=Config(ticket.config), txn=ticket.txn)
-    return Transaction.adopt(table, mine, metadata, seen, options)

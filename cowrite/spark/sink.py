@@ -71,15 +71,8 @@ from cowrite.protocol.heartbeat import Heartbeat, abort_reason, heartbeat_path
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import Txn
 from cowrite.spark.append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of
-from cowrite.spark.datasource import (
-    WRITE_OPERATIONS,
-    _adopt,
-    _open_or_create,
-    _Settings,
-    _Ticket,
-    _txn,
-)
 from cowrite.spark.executor import TableSpec, check_lease, stat_from_json, stat_to_json
+from cowrite.spark.handover import WRITE_OPERATIONS, Settings, Ticket, adopt, open_or_create, txn_of
 from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
@@ -167,7 +160,7 @@ class BatchReport(WriterCommitMessage):
     committed_by: str | None = None
 
 
-def stream_writer(settings: _Settings, schema: StructType, overwrite: bool) -> CowriteStreamWriter:
+def stream_writer(settings: Settings, schema: StructType, overwrite: bool) -> CowriteStreamWriter:
     """The sink's writer; :class:`ConfigError` for options it cannot honour (as the batch writer's)."""
     operation = settings.config.get(spark_keys.WRITE_OPERATION).lower()
     if operation not in WRITE_OPERATIONS:
@@ -178,12 +171,12 @@ def stream_writer(settings: _Settings, schema: StructType, overwrite: bool) -> C
         )
     if overwrite:
         raise ConfigError('the cowrite streaming sink appends: use outputMode("append")')
-    if _txn(settings) is not None:
+    if txn_of(settings) is not None:
         raise ConfigError(
             "txnAppId / txnVersion are for batch writes: the streaming sink makes each micro-batch "
             "idempotent by the query's id and the batch id"
         )
-    table = _open_or_create(settings)
+    table = open_or_create(settings)
     config = table.config.with_values(settings.values)
     current = current_schema(table)
     fitted = fit(to_arrow_schema(schema, timezone="UTC"), current, table)
@@ -204,7 +197,7 @@ def stream_writer(settings: _Settings, schema: StructType, overwrite: bool) -> C
 class CowriteStreamWriter(DataSourceStreamArrowWriter):
     """Tasks claim the micro-batch's instant and write new file groups; the driver side commits it."""
 
-    settings: _Settings
+    settings: Settings
     operation: str
     spec: TableSpec
     config: dict[str, str]
@@ -322,7 +315,7 @@ class CowriteStreamWriter(DataSourceStreamArrowWriter):
     def _commit(self, table: Table, batch: MicroBatch, claim: Claim, stats: list[WriteStat]) -> None:
         storage = table.storage
         delete_unreported(storage, claim.instant, stats)
-        ticket = _Ticket(
+        ticket = Ticket(
             uri=self.settings.uri,
             storage_options=self.settings.storage_options,
             config=self.config,
@@ -335,7 +328,7 @@ class CowriteStreamWriter(DataSourceStreamArrowWriter):
         # the plan names no file, the markers name them all: a lost conflict leaves the files to retry from
         plan = CommitMetadata(self.operation, (), {}, self.commit_schema)
         try:
-            complete(_adopt(table, ticket, plan), replace(plan, write_stats=tuple(stats)))
+            complete(adopt(table, ticket, plan), replace(plan, write_stats=tuple(stats)))
         except TxnAlreadyCommittedError as exc:  # committed meanwhile by another attempt of the batch
             log.info("nothing written: %s", exc)
             discard(storage, claim.instant, stats)

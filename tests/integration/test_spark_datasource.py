@@ -23,8 +23,9 @@ from cowrite.protocol.locks import InProcessLock, LockHolder
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.protocol.txn import Committed, Txn, last_version
 from cowrite.spark import SparkWriter, register
-from cowrite.spark.datasource import CowriteWriter, _begin_write, _Settings
+from cowrite.spark.datasource import CowriteWriter, _begin_write
 from cowrite.spark.executor import stat_from_json
+from cowrite.spark.handover import Settings
 
 WRITE = {
     "hoodie.datasource.write.recordkey.field": "id",
@@ -119,7 +120,7 @@ def test_the_filters_option_prunes_partitions_and_filters_rows(spark: Any, tmp_p
 
 # -- crash safety: the write's steps run here, in this process, without Spark jobs ---------------------------
 def begin(spark: Any, path: str) -> CowriteWriter:
-    settings = _Settings.of({"path": path, **WRITE, "hoodie.write.lock.provider": "filesystem"})
+    settings = Settings.of({"path": path, **WRITE, "hoodie.write.lock.provider": "filesystem"})
     return _begin_write(settings, spark.createDataFrame(FIRST).schema, overwrite=False)
 
 

@@ -35,7 +35,7 @@ from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, abort_rea
 from cowrite.protocol.locks import InProcessLock, LockHolder
 from cowrite.protocol.txn import TXN_APP_ID_KEY, TXN_VERSION_KEY
 from cowrite.spark import delete_each_batch, register, upsert_each_batch
-from cowrite.spark.datasource import _Settings
+from cowrite.spark.handover import Settings
 from cowrite.spark.sink import CLAIMS_DIR, MicroBatch, stream_writer
 from cowrite.steps import Step, observe
 
@@ -143,7 +143,7 @@ def test_a_crashed_micro_batch_leaves_what_the_rollback_cleans_and_its_replay_co
 ) -> None:
     """The tasks' and the commit's work run here, in this process: the driver "dies" between them."""
     path = str(tmp_path / "orders")
-    writer = stream_writer(_Settings.of({"path": path, **WRITE}), spark.createDataFrame(FIRST).schema, False)
+    writer = stream_writer(Settings.of({"path": path, **WRITE}), spark.createDataFrame(FIRST).schema, False)
     table = Table.load(path)
     batch = MicroBatch(str(uuid.uuid4()), 0)
     crashed = writer.write_batch(iter(FIRST.to_batches()), batch)
