@@ -1,12 +1,16 @@
-"""The daemon's HTTP endpoint: metrics, health, and a read-only JSON view of each table.
+"""The daemon's HTTP endpoint: metrics, health, a read-only JSON view of each table, and a page of them.
 
 =====================================  ===============================================================
+``GET /``                              a page drawing each table's recent timeline (polls the JSON API)
+``GET /page/<file>``                   its script and style sheet
 ``GET /metrics``                       Prometheus metrics
 ``GET /healthz``                       200 while the daemon runs
 ``GET /readyz``                        200 once every table has been polled, else 503
 ``GET /api/tables``                    every table's status
 ``GET /api/tables/<name>/timeline``    its instants
-``GET /api/tables/<name>/heartbeats``  pending writes, heartbeat ages, failed or not
+``GET /api/tables/<name>/heartbeats``  pending writes, heartbeat ages, failed (and stale) or not
+``GET /api/tables/<name>/recent``      the last instants, what rollbacks undid, why writers gave up;
+                                       ``?limit=<1-500>`` (default 60)
 ``GET /api/tables/<name>/locks``       the current filesystem lock holder
 ``GET /api/tables/<name>/watermark``   watermark (completion time) and fence (requested time)
 ``GET /api/tables/<name>/overlay``     END_COMMIT_TIME entries; ``?since=<completion time>``
@@ -17,6 +21,10 @@
 Binds 127.0.0.1 unless told otherwise. Tables are looked up by the names the daemon was configured with,
 never turned into paths. Endpoints that change anything need ``Authorization: Bearer <token>`` with the
 token from ``COWRITE_DAEMON_TOKEN``; without a configured token they answer 403.
+
+The page is three files of this package (``page/``), no build step and nothing fetched from elsewhere
+(its Content-Security-Policy allows this origin only); its requests are relative, so it also works
+behind a path prefix (``kubectl proxy``, an ingress).
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import cache
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -38,6 +48,7 @@ from prometheus_client.registry import CollectorRegistry
 from cowrite.daemon.config import DaemonConfig
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.metrics import TableStatus
+from cowrite.daemon.recent import RollbackTargets, parse_limit, recent
 from cowrite.errors import CowriteError
 from cowrite.format.instant import check_time
 from cowrite.format.overlay import Overlay
@@ -46,6 +57,16 @@ from cowrite.protocol.locks.filesystem import current_lock
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096
+PAGE_FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "page.js": "text/javascript; charset=utf-8",
+    "page.css": "text/css; charset=utf-8",
+}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
 
 
 class TableService(Protocol):
@@ -61,6 +82,7 @@ class TableService(Protocol):
     def overlay(self) -> Overlay | None: ...
     def poll(self) -> None: ...
     def clean(self) -> None: ...
+    def abort_reason(self, instant: str) -> str | None: ...
 
 
 class Daemon(Protocol):
@@ -96,18 +118,33 @@ def _status_json(service: TableService) -> dict[str, Any]:
     }
 
 
+@cache
+def _page_file(name: str) -> bytes:
+    """One of :data:`PAGE_FILES`, read from the package once."""
+    return (resources.files("cowrite.daemon") / "page" / name).read_bytes()
+
+
 class _Handler(BaseHTTPRequestHandler):
-    daemon: Daemon  # set on the class made by serve()
+    daemon: Daemon  # set on the class made by serve(), with:
+    rollback_targets: RollbackTargets
     server_version = "cowrite-daemon"
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)
 
     # -- responses -------------------------------------------------------------------------------
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: HTTPStatus,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -122,7 +159,10 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = [p for p in url.path.split("/") if p]
         try:
-            if parts == ["metrics"]:
+            if parts == [] or (len(parts) == 2 and parts[0] == "page" and parts[1] in PAGE_FILES):
+                name = parts[1] if parts else "index.html"
+                self._send(HTTPStatus.OK, _page_file(name), PAGE_FILES[name], PAGE_HEADERS)
+            elif parts == ["metrics"]:
                 self._send(HTTPStatus.OK, generate_latest(self.daemon.registry), CONTENT_TYPE_LATEST)
             elif parts == ["healthz"]:
                 self._json({"status": "ok"})
@@ -175,6 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "heartbeat_age_seconds": p.heartbeat_age,
                         "idle_seconds": p.idle,
                         "failed": p.failed,
+                        "stale": p.failed and p.aborted is None,  # no sign of life within the tolerance
                         "aborted": p.aborted,
                     }
                     for p in service.status.pending
@@ -192,6 +233,18 @@ class _Handler(BaseHTTPRequestHandler):
                     "instant": holder.instant if holder else None,
                     "acquired_at": lock.acquired_at,
                 }
+            )
+        elif view == "recent":
+            limit = parse_limit(query.get("limit", [None])[0])
+            self._json(
+                recent(
+                    table,
+                    follower.timeline,
+                    service.status.pending,
+                    service.abort_reason,
+                    self.rollback_targets,
+                    limit,
+                )
             )
         elif view == "watermark":
             self._json({"watermark": service.status.watermark, "fence": service.status.fence})
@@ -245,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve(daemon: Daemon, host: str, port: int) -> ThreadingHTTPServer:
     """Start serving in a background thread; returns the server (``server_address`` has the port)."""
-    handler = type("Handler", (_Handler,), {"daemon": daemon})
+    handler = type("Handler", (_Handler,), {"daemon": daemon, "rollback_targets": RollbackTargets()})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="cowrite-http", daemon=True).start()

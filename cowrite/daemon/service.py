@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 class _Seen:
     """What a table service has already counted, so counters count each event once."""
 
-    aborted: set[str] = field(default_factory=set)
+    aborted: dict[str, str] = field(default_factory=dict)  # instant -> the reason its writer gave up
     lock_files: frozenset[str] = frozenset()
     garbage: dict[str, tuple[int, int]] = field(default_factory=dict)  # instant -> (files, bytes)
 
@@ -98,6 +98,12 @@ class TableService:
             self.table, self.follower = table, follower
             self._count_lock_files(initial=True)
         return self.table
+
+    def abort_reason(self, instant: str) -> str | None:
+        """Why the writer of ``instant`` gave up, as a poll of this daemon saw it before the rollback
+        deleted the heartbeat that said so. Kept in memory only: a restarted daemon knows the reasons of
+        instants still pending, not of those rolled back before."""
+        return self.seen.aborted.get(instant)
 
     # -- jobs ------------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -208,7 +214,7 @@ class TableService:
     def _count_aborts(self, pending: Sequence[PendingInstant]) -> None:
         for item in pending:
             if item.aborted and item.instant.requested_time not in self.seen.aborted:
-                self.seen.aborted.add(item.instant.requested_time)
+                self.seen.aborted[item.instant.requested_time] = item.aborted
                 self.metrics.aborted_writes.labels(self.name, item.aborted).inc()
                 if item.aborted == "conflict":
                     self.metrics.conflicts.labels(self.name).inc()
