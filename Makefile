@@ -1,8 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, then run the main job (concurrent writers, a conflict, a failed write, reads)
 #   make test   set up, then run the whole test suite  (make unit: the fast unit tests alone)
-# Set-up is idempotent: a virtualenv in .venv with cowrite and its extras, and the Debian ZooKeeper
-# server the tests start on 127.0.0.1.
+# Set-up is idempotent: a virtualenv in .venv with cowrite and its extras, the Debian ZooKeeper
+# server the tests start on 127.0.0.1, and Debian's chromium, which the daemon page's test drives headless.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper; }
 	@test -f /usr/share/java/zookeeper.jar || { echo "zookeeper is still missing: apt-get install zookeeper" >&2; exit 1; }
 	@command -v java >/dev/null || { echo "java is missing: apt-get install default-jre-headless" >&2; exit 1; }
+	@command -v chromium >/dev/null || { \
+		echo "installing the Debian chromium package (the daemon page's test drives it headless)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	@command -v chromium >/dev/null || { echo "chromium is still missing: apt-get install chromium" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark]'
