@@ -24,7 +24,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from support import ROOT
+
+from cowrite.daemon.metrics import DaemonMetrics, TableStatus
 
 CHART_DIR = ROOT / "helm" / "cowrite-daemon"
 CI_DIR = CHART_DIR / "ci"
@@ -414,6 +417,100 @@ def test_pod_monitor_selects_the_host_pods_on_the_sidecar_port(chart: helm.Chart
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
 
 
+# --- Grafana dashboard -----------------------------------------------------------------------------------
+
+DASHBOARD = CHART_DIR / "dashboards" / "cowrite-daemon.json"
+PROMQL_WORDS = {
+    *("sum", "max", "min", "avg", "count", "rate", "increase", "histogram_quantile", "time", "vector"),
+    *("by", "without", "or", "and", "unless", "on", "ignoring"),
+}
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Each metric family the daemon's metrics module registers, with the names of its samples as
+    /metrics shows them (a counter's ``_total``, a histogram's ``_bucket``/``_sum``/``_count``)."""
+    registry = CollectorRegistry()
+    DaemonMetrics(registry, lambda: [TableStatus("orders", "/t", up=True)])
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {
+        family.name: {family.name + suffix for suffix in suffixes.get(family.type, [""])}
+        for family in registry.collect()
+    }
+
+
+def metrics_named(expr: str) -> set[str]:
+    """The metric names in a PromQL expression: what is left once label matchers, strings, ranges,
+    grouping labels, numbers and PromQL's own words are taken out."""
+    bare = re.sub(r'"[^"]*"|\{[^}]*\}|\[[^]]*\]|\b(by|without)\s*\([^)]*\)', " ", expr)
+    return {word for word in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare) if word not in PROMQL_WORDS}
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def test_dashboard_queries_name_only_metrics_the_daemon_exports_and_cover_them_all() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "cowrite-daemon"
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    exported = exported_metrics()
+    sample_names = set().union(*exported.values())
+    used: set[str] = set()
+    queries = dashboard_queries(dashboard)
+    assert len(queries) >= len(exported)
+    for expr in queries:
+        named = metrics_named(expr)
+        assert named, f"{expr!r} names no metric"
+        assert named <= sample_names, f"{expr!r} names {sorted(named - sample_names)}, not exported"
+        assert 'table=~"$table"' in expr, f"{expr!r} ignores the table selector"
+        used |= named
+    unused = [family for family, names in exported.items() if not names & used]
+    assert unused == [], "metrics without a panel"
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert panel["title"] and panel["description"]
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert variables["table"]["query"]["query"] == "label_values(cowrite_table_up, table)"
+    assert "cowrite_table_up" in sample_names
+
+
+def test_metrics_named_reads_promql() -> None:
+    expr = 'histogram_quantile(0.99, sum by (table, le) (rate(x_bucket{table=~"$table", a="b c"}[5m]))) or y'
+    assert metrics_named(expr) == {"x_bucket", "y"}
+
+
+def test_dashboard_config_map_is_off_by_default_and_carries_the_dashboard(chart: helm.Chart) -> None:
+    assert not [o for o in render(chart).of_kind("ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    for values in (
+        CI_VALUES["grafana-dashboard"],
+        {**CI_VALUES["sidecar"], **CI_VALUES["grafana-dashboard"]},
+    ):
+        config_map = render(chart, values).one("ConfigMap", "-dashboard")
+        validate_kubernetes(config_map)
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "Lakehouse"}
+        assert config_map["metadata"]["namespace"] == NAMESPACE
+        assert json.loads(config_map["data"]["cowrite-daemon.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_label_and_namespace_follow_the_values(chart: helm.Chart) -> None:
+    values = {
+        "grafanaDashboard": {
+            "enabled": True,
+            "namespace": "monitoring",
+            "label": "grafana.example.com/dashboard",
+            "labelValue": "cowrite",
+        }
+    }
+    config_map = render(chart, values).one("ConfigMap", "-dashboard")
+    validate_kubernetes(config_map)
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["grafana.example.com/dashboard"] == "cowrite"
+    assert "grafana_dashboard" not in config_map["metadata"]["labels"]
+
+
 # --- auth, env, service account --------------------------------------------------------------------------
 
 
@@ -586,6 +683,8 @@ def test_sidecar_named_templates_refuse_service_mode(tmp_path: Path) -> None:
         ({"scrapeAnnotations": {"target": "both"}}, "/scrapeAnnotations/target"),
         ({"sidecar": {"portName": "cowrite-daemon-http"}}, "/sidecar/portName"),
         ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
+        ({"grafanaDashboard": {"enabled": True, "labelValue": 1}}, "/grafanaDashboard/labelValue"),
+        ({"grafanaDashboard": {"enabled": True, "label": "not a label"}}, "/grafanaDashboard/label"),
         ({"replicas": 2}, "replicas"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
