@@ -215,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "heartbeat_age_seconds": p.heartbeat_age,
                         "idle_seconds": p.idle,
                         "failed": p.failed,
-                        "stale": p.failed and p.aborted is None,  # no sign of life within the tolerance
+                        "stale": p.stale,
                         "aborted": p.aborted,
                     }
                     for p in service.status.pending

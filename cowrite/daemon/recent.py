@@ -128,7 +128,7 @@ def recent(
                 "heartbeat_age_seconds": writer.heartbeat_age,
                 "idle_seconds": writer.idle,
                 "failed": writer.failed,
-                "stale": writer.failed and writer.aborted is None,
+                "stale": writer.stale,
             },
         }
 

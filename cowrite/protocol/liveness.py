@@ -28,6 +28,11 @@ class PendingInstant:
     failed: bool
     aborted: str | None = None  # the writer's own reason when it gave up
 
+    @property
+    def stale(self) -> bool:
+        """Failed for want of a sign of life within the tolerance, not by the writer's own abort."""
+        return self.failed and self.aborted is None
+
 
 def judge(
     table: Table, instant: Instant, policy: HeartbeatPolicy, now: float | None = None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cowrite.engine.contract import conform
 from cowrite.engine.file_group import FileGroupWrite, write_file_group
 from cowrite.engine.planning import SizingPolicy, estimate_record_bytes, new_file_id
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
@@ -293,6 +294,24 @@ class _Filler:
             base.partition, base.file_id, files.instant, self.token, base, merge=False
         )
         return files._write(self.storage, work, rows, self.task)
+
+
+def write_new_file_groups(
+    spec: TableSpec,
+    instant: str,
+    owner: str,
+    target: pa.Schema,
+    max_file_bytes: int,
+    record_bytes: float | None,
+    batches: Iterable[pa.RecordBatch],
+    renew: bool = True,
+) -> list[WriteStat]:
+    """A data source task's rows, conformed to ``target`` (the table's schema, see ..contract), written as
+    new file groups of ``instant`` (:class:`NewFileGroups`, ``renew`` as there); raises what it raises."""
+    writer = NewFileGroups(spec, instant, owner, tuple(target.names), max_file_bytes, record_bytes, renew)
+    task, token = task_and_token()
+    conformed = (b for batch in batches for b in conform(pa.table(batch), target).to_batches())
+    return list(writer.write(conformed, task, token))
 
 
 def task_and_token() -> tuple[int, str]:

@@ -68,7 +68,7 @@ from pyspark.sql.types import StructType
 
 import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete
-from cowrite.engine.contract import conform, current_schema, fit
+from cowrite.engine.contract import current_schema, fit
 from cowrite.engine.operations import Operation, prepare
 from cowrite.errors import (
     ConfigError,
@@ -81,12 +81,11 @@ from cowrite.format.table import Table
 from cowrite.protocol.heartbeat import Heartbeat
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.spark.append import (
-    NewFileGroups,
     delete_markers,
     delete_unreported,
     discard,
     record_bytes_of,
-    task_and_token,
+    write_new_file_groups,
 )
 from cowrite.spark.executor import StorageSpec, TableSpec, stat_from_json, stat_to_json
 from cowrite.spark.filters import Predicate, predicates
@@ -246,18 +245,16 @@ class CowriteWriter(DataSourceArrowWriter):
     # -- on executors --------------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> CommitStats:
         ticket = self.ticket
-        writer = NewFileGroups(
+        stats = write_new_file_groups(
             self.spec,
             ticket.instant,
             ticket.owner,
-            tuple(self.target.names),
+            self.target,
             self.max_file_bytes,
             self.record_bytes,
-            renew=True,
+            iterator,
         )
-        task, token = task_and_token()
-        batches = (b for batch in iterator for b in conform(pa.table(batch), self.target).to_batches())
-        return CommitStats(tuple(stat_to_json(s) for s in writer.write(batches, task, token)))
+        return CommitStats(tuple(stat_to_json(s) for s in stats))
 
     # -- on the driver -------------------------------------------------------------------------------
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -51,7 +51,7 @@ from pyspark.sql.types import StructType
 
 import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import complete, write_instant
-from cowrite.engine.contract import conform, current_schema, fit
+from cowrite.engine.contract import current_schema, fit
 from cowrite.engine.operations import Operation, prepare
 from cowrite.errors import (
     CommitFailedError,
@@ -70,7 +70,13 @@ from cowrite.format.table import Table
 from cowrite.protocol.heartbeat import Heartbeat, abort_reason, heartbeat_path
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import Txn
-from cowrite.spark.append import NewFileGroups, delete_markers, delete_unreported, discard, record_bytes_of
+from cowrite.spark.append import (
+    delete_markers,
+    delete_unreported,
+    discard,
+    record_bytes_of,
+    write_new_file_groups,
+)
 from cowrite.spark.executor import TableSpec, check_lease, stat_from_json, stat_to_json
 from cowrite.spark.handover import WRITE_OPERATIONS, Settings, Ticket, adopt, open_or_create, txn_of
 from cowrite.storage.backend import Storage
@@ -225,23 +231,19 @@ class CowriteStreamWriter(DataSourceStreamArrowWriter):
     def write_batch(self, iterator: Iterator[pa.RecordBatch], batch: MicroBatch) -> BatchReport:
         """A task's work: claim or join the micro-batch's instant and write the rows as new file groups
         (nothing if the batch was committed before); raises what writing raises (the batch aborts)."""
-        from cowrite.spark.append import task_and_token
-
         claimed = self._claim(batch)
         if isinstance(claimed, str):
             return BatchReport(batch.query_id, batch.batch_id, committed_by=claimed)
-        writer = NewFileGroups(
+        written = write_new_file_groups(
             self.spec,
             claimed.instant,
             claimed.owner,
-            tuple(self.target.names),
+            self.target,
             self.max_file_bytes,
             self.record_bytes,
-            renew=True,
+            iterator,
         )
-        task, token = task_and_token()
-        batches = (b for batch in iterator for b in conform(pa.table(batch), self.target).to_batches())
-        stats = tuple(stat_to_json(s) for s in writer.write(batches, task, token))
+        stats = tuple(stat_to_json(s) for s in written)
         return BatchReport(batch.query_id, batch.batch_id, claimed.instant, claimed.attempt, stats)
 
     def _claim(self, batch: MicroBatch) -> Claim | str:
@@ -394,16 +396,18 @@ class CowriteStreamWriter(DataSourceStreamArrowWriter):
         """Write ``rows`` as new file groups of ``transaction`` (in this process) and plan them."""
         began.append(transaction.instant_time)
         transaction.share_lease()  # the writer checks it before each file
-        writer = NewFileGroups(
-            self.spec,
-            transaction.instant_time,
-            transaction.holder.owner,
-            tuple(self.target.names),
-            self.max_file_bytes,
-            self.record_bytes,
-            renew=False,
+        stats = tuple(
+            write_new_file_groups(
+                self.spec,
+                transaction.instant_time,
+                transaction.holder.owner,
+                self.target,
+                self.max_file_bytes,
+                self.record_bytes,
+                rows.to_batches(),
+                renew=False,
+            )
         )
-        stats = tuple(writer.write(conform(rows, self.target).to_batches(), 0, "0-0-0"))
         metadata = CommitMetadata(self.operation, stats, {}, self.commit_schema)
         transaction.plan(metadata)  # an abort deletes them from the plan
         return metadata

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -111,15 +110,6 @@ def process_target(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: 
         slack=2.0,
         poll=0.25,
     )
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
-    started = Processes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
 
 
 # -- heartbeat tracker -------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import json
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +65,6 @@ DRAWN = """(() => {
     refreshes: Number(document.body.dataset.refreshes || 0),
   };
 })()"""
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
-    started = Processes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.cleanup()
 
 
 def group(partition: str, key: str, value: str = "v", ts: int = 1) -> list[dict[str, Any]]:
