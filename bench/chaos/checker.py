@@ -567,8 +567,9 @@ class Checker:
     def check_rollbacks(self, evidence: Evidence) -> None:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
         instant once (unless its writer resumed and wrote ``.inflight`` again after the rollback), only
-        its own files; a second run changes nothing."""
-        targets: defaultdict[str, list[str]] = defaultdict(list)
+        its own files; a second run changes nothing. Instants are told apart by time and action: two
+        claimants of one time that both failed to withdraw leave two claims, each rolled back once."""
+        targets: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
         first_done: dict[str, float] = {}
         for time_, item in evidence.completed.items():
             if item.instant.action is not Action.ROLLBACK:
@@ -579,7 +580,7 @@ class Checker:
                 self.fail("6", f"rollback {time_} has no plan")
                 continue
             plan = RollbackPlan.from_bytes(content, time_)
-            targets[plan.target].append(time_)
+            targets[(plan.target, plan.target_action)].append(time_)
             if item.modified is not None:
                 first_done[plan.target] = min(item.modified, first_done.get(plan.target, item.modified))
             if plan.target in evidence.completed:
@@ -615,7 +616,7 @@ class Checker:
                     f"rollback {time_} judged {plan.target} failed, yet its heartbeat was never older than "
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
-        for target, rollbacks in targets.items():
+        for (target, _), rollbacks in targets.items():
             came_back = any(t > first_done.get(target, float("inf")) for t in self.planned[target])
             if len(rollbacks) > 1 and not came_back:
                 by = ", ".join(sorted(rollbacks))

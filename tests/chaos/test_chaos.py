@@ -464,6 +464,24 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
         assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
 
 
+def test_two_claims_of_one_time_rolled_back_once_each_are_not_a_double_rollback(table: Table) -> None:
+    """Two writers of different actions claimed one time and neither could withdraw (soak seed 768589,
+    scenarios 1 and 4): each leftover claim is rolled back once, which the checker took for one instant
+    rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    shared = from_millis(int(time.time() * 1000))
+    for action in (Action.COMMIT, Action.REPLACE_COMMIT):
+        table.storage.write(table.instant_path(Instant(shared, action, State.REQUESTED)), b"")
+    later = time.time() + 10 * POLICY.tolerance
+    undone = [r for _ in range(2) for r in rollback_failed(table, service_lock(table), POLICY, now=later)]
+    assert [(r.target, table.rollback_plan(r.rollback).target_action) for r in undone] == [
+        (shared, "commit"),  # shown first at the shared time (the first by name), then the other
+        (shared, "replacecommit"),
+    ]
+    violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+    assert [v.message for v in violations if "rolled back" in v.message] == []
+
+
 def test_two_cleaners_finish_one_rollback_once(table: Table) -> None:
     """Two cleaners finishing one rollback plan completed its instant twice (two completion files), and both
     recorded a rollback of the same failed instant."""
