@@ -12,6 +12,8 @@ Contract, on every backend:
 - :meth:`Storage.write` replaces a file whole: readers see the old or the new content, not a mix.
 - :meth:`Storage.read` and :meth:`Storage.stat` raise :class:`FileNotFoundError` for a missing file.
 - :meth:`Storage.delete` of a missing file is not an error (deletes are retried by cleaners).
+- :meth:`Storage.list_after` returns, sorted by name, the files of a directory whose names sort after a
+  given name; what it shows of files created or deleted while it lists is what :meth:`Storage.list` shows.
 - Any other failure of the backend raises :class:`~cowrite.errors.StorageError` naming the path.
 """
 
@@ -50,6 +52,7 @@ except ImportError:
 # Temporary files of atomic local writes start with this prefix; listings skip them.
 _TEMP_PREFIX = ".cowrite-tmp-"
 _S3_FILESYSTEMS_KEPT = 32  # distinct S3 locations and credentials a process works with at once
+_S3_PAGE = 1000  # keys per listing request (S3's maximum); tests lower it to see pages joined
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,16 @@ class Storage:
             return []
         return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
 
+    def list_after(self, directory: str, after: str) -> builtins.list[FileInfo]:
+        """Files directly inside ``directory`` whose names sort after ``after`` (byte order, as object stores
+        list), sorted by name; empty if the directory does not exist.
+
+        A follower that knows a directory up to some name asks only for what sorts after it: on an object
+        store that is one request for the tail of a long directory (S3's ``StartAfter``), not a page
+        per thousand names.
+        """
+        return sorted((info for info in self.list(directory) if info.name > after), key=_by_name)
+
     def list_dirs(self, directory: str = "") -> builtins.list[str]:
         """Relative paths of the sub-directories directly inside ``directory``."""
         try:
@@ -252,6 +265,10 @@ class Storage:
 def stays_inside(path: str) -> bool:
     """Whether a relative path names something under the root (no ``..``, not absolute)."""
     return not (path.startswith("/") or "\\" in path or "\0" in path or ".." in path.split("/"))
+
+
+def _by_name(info: FileInfo) -> str:
+    return info.name
 
 
 def _is_temp(name: str) -> bool:
@@ -474,6 +491,35 @@ class S3Storage(Storage):
         full = self.full_path(directory)
         entries = self._call(directory, lambda: sync(self.fs.loop, self.fs._lsdir, full, refresh=True))
         return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
+
+    def list_after(self, directory: str, after: str) -> builtins.list[FileInfo]:
+        """ListObjectsV2 with ``StartAfter``: the keys after ``after`` only, a page of 1,000 a request."""
+        bucket, _, key = self.full_path(directory).partition("/")
+        prefix = f"{key}/" if key else ""
+
+        def pages() -> builtins.list[FileInfo]:
+            found: builtins.list[FileInfo] = []
+            more: dict[str, str] = {}
+            while True:
+                page = self.fs.call_s3(
+                    "list_objects_v2",
+                    Bucket=bucket,
+                    Prefix=prefix,
+                    Delimiter="/",
+                    StartAfter=prefix + after,
+                    MaxKeys=_S3_PAGE,
+                    **more,
+                )
+                for item in page.get("Contents", ()):
+                    name = item["Key"][len(prefix) :]
+                    if name and not name.startswith(_TEMP_PREFIX):
+                        path = f"{directory}/{name}" if directory else name
+                        found.append(FileInfo(path, int(item["Size"]), item["LastModified"].timestamp()))
+                if not page.get("IsTruncated"):
+                    return found
+                more = {"ContinuationToken": page["NextContinuationToken"]}
+
+        return sorted(self._call(directory, pages), key=_by_name)
 
     def read(self, path: str) -> bytes:
         return self._call(path, lambda: self.fs.cat_file(self.full_path(path), max_concurrency=1))

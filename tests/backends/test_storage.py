@@ -462,3 +462,19 @@ def test_an_unreachable_s3_endpoint_raises_storage_error_naming_the_path() -> No
     with pytest.raises(StorageError, match="bucket/table/.hoodie"):
         storage.list(".hoodie")
     assert time.monotonic() - started < 15
+
+
+def test_list_after_returns_the_files_named_after_a_name_sorted(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cowrite.storage.backend._S3_PAGE", 2)  # S3: the answer joins several pages
+    for name in ["b", "a", "c_y", "c.x", "d"]:
+        storage.write(f"dir/{name}", name.encode() * 3)
+    storage.write("dir/sub/e", b"")  # in a sub-directory: not a file of dir
+    storage.write("dirt", b"")  # beside it, its name starting like the directory's
+    assert [i.name for i in storage.list_after("dir", "b")] == ["c.x", "c_y", "d"]
+    every = ["dir/a", "dir/b", "dir/c.x", "dir/c_y", "dir/d"]
+    assert [i.path for i in storage.list_after("dir", "")] == every
+    assert [(i.size, i.modified > 0) for i in storage.list_after("dir", "c_y")] == [(3, True)]
+    assert storage.list_after("dir", "d") == []
+    assert storage.list_after("missing", "") == []
