@@ -8,6 +8,8 @@
   of each, the newest base file written in the range is read, keeping the rows those commits wrote.
 - :func:`pull` is that for a consumer: rows since a checkpoint plus the next checkpoint, by completion
   time, through the daemon's END_COMMIT_TIME overlay, or fenced by the oldest pending write.
+- :func:`watermark` is how far a reader that checkpoints by completion time may read: :func:`pull`'s, and
+  the Spark streaming source's (:mod:`cowrite.spark.source`).
 """
 
 from __future__ import annotations
@@ -120,17 +122,15 @@ def pull(
             )
         table.read_timeline(table.verified)
         entries = overlay.since(checkpoint)
-        new_checkpoint = overlay.watermark if entries else checkpoint
+        new_checkpoint = watermark(table, overlay) if entries else checkpoint
     elif mode is PullMode.COMPLETION_TIME:
-        # Two looks: a listing taken while commits land may show a later commit but not an earlier one;
-        # whatever had completed by the newest commit of the first look is certainly in the second.
-        # A commit archived after the second look was listed is read past (Table.read_timeline):
-        # _refuse_if_archived below still sees it.
-        watermark = table.timeline().latest_completion_time
+        # Two looks (see watermark): the commits are read from a second listing. A commit archived after
+        # that listing was taken is read past (Table.read_timeline): _refuse_if_archived below still sees it.
+        until = watermark(table)
 
         def completed(timeline: Timeline) -> list[CommitEntry]:
-            commits = table.verified(timeline).completed_in(InstantRange.within(checkpoint, watermark))
-            return entries_of(table, commits) if watermark else []
+            commits = table.verified(timeline).completed_in(InstantRange.within(checkpoint, until))
+            return entries_of(table, commits) if until else []
 
         entries = table.read_timeline(completed)
         new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
@@ -157,6 +157,25 @@ def pull(
     _refuse_if_archived(table, checkpoint, mode)
     rows = _read_entries(table, entries, None, with_meta)
     return Pull(rows, new_checkpoint, tuple(e.requested_time for e in entries))
+
+
+def watermark(table: Table, overlay: Overlay | None = None) -> str | None:
+    """The completion time an incremental reader may read up to: every commit completed at or before it
+    is on every listing of the timeline begun after this call returned (unless archived meanwhile), and
+    every write still pending completes after it. None: nothing has completed yet.
+
+    It is the newest completion time of one look at the timeline: ``overlay``'s (the daemon's look,
+    :meth:`Overlay.build`), else a listing taken now. The look itself may lack earlier commits — a listing
+    taken while commits land can show a later commit without an earlier one — so read the commits from a
+    later listing. Completion times are taken under the table lock, each above every earlier one, and
+    a commit's completed file exists before the lock is released: a commit that completed before the
+    newest one seen is on every later listing, and a pending write, whatever its requested time, gets a
+    completion time above the watermark. So no fence is needed, unlike by requested time
+    (:attr:`PullMode.FENCE`).
+    """
+    if overlay is not None:
+        return overlay.watermark
+    return table.timeline().latest_completion_time
 
 
 def _refuse_if_archived(table: Table, checkpoint: str | None, mode: PullMode) -> None:
