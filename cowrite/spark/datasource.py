@@ -12,6 +12,7 @@
     spark.read.format("cowrite").option("as.of.instant", "20261121093000000").load(path)  # time travel
     (spark.read.format("cowrite").option("hoodie.datasource.query.type", "incremental")
        .option("hoodie.datasource.read.begin.instanttime", checkpoint).load(path))  # by completion time
+    spark.readStream.format("cowrite").load(path)                                 # a stream (.source)
 
 Writes are ``insert`` (the default here) and ``bulk_insert``: each task writes its own rows as new file
 groups of the target size. What a data source write cannot do — shuffle rows to the file group that
@@ -22,7 +23,9 @@ The first write creates the table from the write options (record key required). 
 ``txnAppId`` / ``txnVersion`` options a write is idempotent (:mod:`cowrite.protocol.txn`): a version of
 the application already committed, or older than one committed, writes and commits nothing.
 ``df.writeStream.format("cowrite")`` takes the same options and appends each micro-batch as one
-instant, exactly once across restarts (:mod:`.sink`).
+instant, exactly once across restarts (:mod:`.sink`). ``spark.readStream.format("cowrite").load(path)``
+reads the table as a stream: offsets are completion times, each micro-batch holds the rows of the commits
+completed since the previous one, every commit read once however writers interleave (:mod:`.source`).
 
 How one write commits, across the processes Spark uses:
 
@@ -58,6 +61,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
@@ -87,12 +91,12 @@ from cowrite.spark.append import (
     record_bytes_of,
     write_new_file_groups,
 )
-from cowrite.spark.executor import StorageSpec, TableSpec, stat_from_json, stat_to_json
+from cowrite.spark.executor import TableSpec, stat_from_json, stat_to_json
 from cowrite.spark.filters import Predicate, predicates
 from cowrite.spark.handover import WRITE_OPERATIONS, Settings, Ticket, adopt, open_or_create, txn_of
-from cowrite.spark.reader import Scan, plan_incremental, plan_snapshot
+from cowrite.spark.reader import FileToRead, Scan, file_partitions, plan_incremental, plan_snapshot
 from cowrite.spark.sink import stream_writer
-from cowrite.spark.writing import ReadFiles
+from cowrite.spark.source import stream_reader
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +109,8 @@ def register(spark: SparkSession) -> None:
 
 
 class CowriteDataSource(DataSource):
-    """``format("cowrite")``: reads (snapshot, time travel, incremental) and appending writes."""
+    """``format("cowrite")``: reads (snapshot, time travel, incremental), appending writes, and both
+    as streams."""
 
     @classmethod
     def name(cls) -> str:
@@ -129,6 +134,11 @@ class CowriteDataSource(DataSource):
         """``writeStream.format("cowrite")``: each micro-batch one instant, exactly once (:mod:`.sink`)."""
         return stream_writer(Settings.of(self.options), schema, overwrite)
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """``readStream.format("cowrite")``: micro-batches of the commits completed between two
+        watermarks, each commit read once (:mod:`.source`)."""
+        return stream_reader(Settings.of(self.options), schema)
+
 
 # -- reading -----------------------------------------------------------------------------------------------
 def _plan(settings: Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
@@ -144,14 +154,6 @@ def _plan(settings: Settings, table: Table, rules: Sequence[Predicate]) -> Scan:
     raise ConfigError(f"{spark_keys.QUERY_TYPE.key}={query}: use snapshot, read_optimized or incremental")
 
 
-class FileToRead(InputPartition):
-    """One base file of the scan: a task reads it (Spark pickles each partition to its task)."""
-
-    def __init__(self, reading: ReadFiles) -> None:
-        super().__init__(reading.files[0])
-        self.reading = reading
-
-
 class CowriteReader(DataSourceReader):
     """Plans the scan on the driver (one input partition per base file); tasks read their file."""
 
@@ -162,12 +164,7 @@ class CowriteReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         table = self.settings.table()
-        scan = _plan(self.settings, table, self.rules)
-        storage = StorageSpec.of(table.storage)
-        return [
-            FileToRead(ReadFiles(storage, (path,), self.schema, scan.commit_times, scan.rules))
-            for path in scan.files
-        ]
+        return file_partitions(table, _plan(self.settings, table, self.rules), self.schema)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FileToRead)

@@ -10,6 +10,9 @@ Filters (``[("region", "=", "eu"), ("day", ">=", date(2026, 1, 1))]``, see :mod:
 partitions before anything is listed: only the directories of matching partitions are listed, and only
 their files are read. The tasks also apply the filters to the rows, so results never depend on pruning.
 
+The ``cowrite`` data source's readers, batch and stream, plan with the same functions and read each base
+file in a task of its own (:class:`FileToRead`).
+
 The DataFrame's schema is the newest base file's (the table's current schema, as Hudi's readers use
 the latest commit's); files written before a column existed read it as null.
 """
@@ -23,12 +26,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from cowrite.engine.records import META_COLUMNS
 from cowrite.format.fs_view import BaseFile, FileSystemView, open_base_file
 from cowrite.format.instant import check_time
-from cowrite.format.overlay import entries_of, newest_files
+from cowrite.format.overlay import CommitEntry, entries_of, newest_files
 from cowrite.format.table import Table
 from cowrite.format.timeline import InstantRange
 from cowrite.spark.executor import StorageSpec
@@ -47,6 +51,23 @@ class Scan:
     schema: pa.Schema  # of the rows returned, in Spark-compatible Arrow types
     commit_times: tuple[str, ...] | None = None
     rules: tuple[Predicate, ...] = ()
+
+
+class FileToRead(InputPartition):
+    """One base file of a scan, as the data source's readers plan it: a task reads it (Spark pickles each
+    partition to its task)."""
+
+    def __init__(self, reading: ReadFiles) -> None:
+        super().__init__(reading.files[0])
+        self.reading = reading
+
+
+def file_partitions(table: Table, scan: Scan, schema: pa.Schema) -> list[FileToRead]:
+    """One input partition per base file of ``scan``, its rows conformed to ``schema``."""
+    storage = StorageSpec.of(table.storage)
+    return [
+        FileToRead(ReadFiles(storage, (path,), schema, scan.commit_times, scan.rules)) for path in scan.files
+    ]
 
 
 def plan_snapshot(
@@ -76,16 +97,40 @@ def plan_incremental(
     with_meta: bool = False,
 ) -> Scan:
     """The base files and commits of an incremental read of completion times ``(since, until]``."""
-    rules = predicates(filters)
-    entries = table.read_timeline(
+    return plan_commits(table, completed_between(table, since, until), filters, columns, with_meta)
+
+
+def completed_between(table: Table, since: str | None, until: str | None) -> list[CommitEntry]:
+    """The data commits completed in ``(since, until]`` on the timeline listed now, in completion order,
+    with the files each wrote and replaced. A commit archived before the listing is not among them
+    (:meth:`Table.read_timeline`); whoever must not miss one looks in the archive."""
+    return table.read_timeline(
         lambda timeline: entries_of(
             table, table.verified(timeline).completed_in(InstantRange.within(since, until))
         )
     )
+
+
+def plan_commits(
+    table: Table,
+    entries: Sequence[CommitEntry],
+    filters: Filters = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+    schema: pa.Schema | None = None,
+) -> Scan:
+    """The scan of the rows ``entries`` wrote: of each file group, the newest base file they gave it
+    (none if one of them replaced the group), in the partitions the filters keep.
+
+    ``schema`` is the rows' (a stream keeps the one it started with); by default the newest base file's,
+    which is then opened: it must exist.
+    """
+    rules = predicates(filters)
     fields, hive = table.partition_fields, table.hive_style_partitioning
     paths = [p for p in newest_files(entries) if partition_matches(p.rpartition("/")[0], fields, hive, rules)]
-    files = [b for b in (BaseFile.parse(FileInfo(p, 0, 0.0)) for p in paths) if b is not None]
-    schema = _reader_schema(table, files, None, columns, with_meta)
+    if schema is None:
+        files = [b for b in (BaseFile.parse(FileInfo(p, 0, 0.0)) for p in paths) if b is not None]
+        schema = _reader_schema(table, files, None, columns, with_meta)
     return Scan(tuple(paths), schema, tuple(sorted({e.requested_time for e in entries})), rules)
 
 
