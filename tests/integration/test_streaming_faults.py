@@ -1,0 +1,204 @@
+"""Exactly once under faults: a streaming ingestion whose driver is killed and restarted, beside a backfill.
+
+The ingestion is a real Structured Streaming query in a process of its own (``support/streaming_driver.py``)
+upserting JSON files through :func:`cowrite.spark.upsert_each_batch`; the backfill is a writer process
+replacing the old partitions (``insert_overwrite``) at the same time. The driver's whole process group
+(Python and its JVM) is killed with SIGKILL — before its commit, during it (the completed file written and
+the lock still held included), after it but before Spark recorded the batch, and once at a random moment —
+and restarted from the same checkpoint each time. Afterwards cowrite's reader and hudi-rs see every record
+once with its latest value, each micro-batch is one completed commit, and a rollback pass leaves nothing
+pending. The kill points are drawn from a seed the failure message names (``COWRITE_STREAM_SEED`` replays it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import TESTS, hudi_rs, streaming_driver, writer_process
+from support.servers import S3Server
+from support.tables import new_table, rows
+
+from cowrite.cleaner import rollback_failed, service_lock
+from cowrite.format import config as keys
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.txn import TXN_VERSION_KEY
+
+pytestmark = pytest.mark.slow
+
+BATCHES = 8
+# A killed driver's lease ends soon after its last renewal, so the restarts do not wait long: 1 s on local
+# disk, 3 s on S3 (the least the README allows there).
+LEASES = {
+    "local": {keys.HEARTBEAT_INTERVAL_MS.key: "500", keys.HEARTBEAT_TOLERABLE_MISSES.key: "2"},
+    "s3": {keys.HEARTBEAT_INTERVAL_MS.key: "1000", keys.HEARTBEAT_TOLERABLE_MISSES.key: "3"},
+}
+BEFORE = ("requested", "planned")
+DURING = ("written", "locked", "checked", "published")
+AFTER = (streaming_driver.COMMITTED,)
+WAIT = 120.0  # a driver starts a JVM: under load that alone may take tens of seconds
+
+
+@dataclass
+class Run:
+    """The table, the query's input and checkpoint, and the processes started on them."""
+
+    uri: str
+    directory: Path
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    lease: dict[str, str] = field(default_factory=lambda: LEASES["local"])
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def source(self) -> Path:
+        return self.directory / "in"
+
+    def table(self) -> Table:
+        return Table.load(self.uri, **self.storage_options)
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        """A process in a group of its own (a driver's JVM is its child: SIGKILL reaches both)."""
+        with open(self.directory / f"{name}.stderr", "wb") as stderr:
+            process = subprocess.Popen(
+                command,
+                env={**os.environ, **self.env, "PYTHONPATH": str(TESTS)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        self.started.append(process)
+        return process
+
+    def driver(self, name: str, *options: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "support.streaming_driver", self.uri, str(self.source)]
+        command += [str(self.directory / "checkpoint"), "--storage-options", json.dumps(self.storage_options)]
+        return self.start(name, [*command, *options])
+
+    def stderr(self, name: str) -> str:
+        return (self.directory / f"{name}.stderr").read_text(errors="replace")[-4000:]
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+    def committed_batches(self) -> list[int]:
+        """The micro-batch of every completed commit that carries one, in completion order."""
+        table = self.table()
+        commits = table.timeline().data_commits().in_completion_order()
+        versions = (table.commit_metadata(i).extra.get(TXN_VERSION_KEY) for i in commits)
+        return [int(v) for v in versions if v is not None]
+
+
+@pytest.fixture(params=["local", "s3"])
+def run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Run]:
+    if request.param == "local":
+        started = Run(str(tmp_path / "table"), tmp_path)
+    else:
+        server: S3Server = request.getfixturevalue("s3_server")
+        uri = f"s3://{server.bucket}/streaming-{uuid.uuid4().hex}"
+        started = Run(uri, tmp_path, server.storage_options(), server.env(), LEASES["s3"])
+    started.source.mkdir()
+    try:
+        yield started
+    finally:
+        for process in started.started:
+            started.kill(process)
+
+
+def test_a_streaming_ingestion_killed_at_random_points_beside_a_backfill_writes_every_record_once(
+    run: Run,
+) -> None:
+    seed = int(os.environ.get("COWRITE_STREAM_SEED", random.randrange(10**6)))
+    rng = random.Random(seed)
+    replay = f"(COWRITE_STREAM_SEED={seed})"
+    table = new_table(run.uri, properties=run.lease, **run.storage_options)
+    old = {"d0": ["o0", "o1", "o2"], "d1": ["o3", "o4"]}
+    for part, ids in old.items():
+        LocalWriter(table).insert(rows(ids, part, value="seed"))
+    produced = _produce(run.source)
+
+    rounds = 3
+    backfill = run.start(
+        "backfill",
+        [sys.executable, str(Path(writer_process.__file__)), run.uri, "--operation", "insert_overwrite"]
+        + ["--rounds", str(rounds), "--storage-options", json.dumps(run.storage_options)]
+        + ["--batch", json.dumps([{"partition": p, "keys": k, "value": "backfill"} for p, k in old.items()])],
+    )
+
+    kills = [rng.choice(BEFORE), rng.choice(DURING), "random", rng.choice(DURING), rng.choice(AFTER)]
+    for number, point in enumerate(kills):
+        name = f"driver-{number}-{point}"
+        signal_file = run.directory / f"{name}.signal"
+        if point == "random":
+            driver = run.driver(name, "--started-file", str(signal_file))
+            _wait_for(signal_file, f"{name} to start", run, name, driver)
+            time.sleep(rng.uniform(0.0, 3.0))
+        else:
+            batch = max(run.committed_batches(), default=-1) + 1
+            assert batch < BATCHES, f"no micro-batch left to kill {name} in {replay}"
+            pause = ["--pause-at", point, "--pause-batch", str(batch), "--ready-file", str(signal_file)]
+            driver = run.driver(name, *pause)
+            _wait_for(signal_file, f"{name} to reach {point} of micro-batch {batch}", run, name, driver)
+        run.kill(driver)
+
+    last = run.driver("driver-last")
+    assert last.wait(timeout=WAIT) == 0, f"the last run failed {replay}:\n{run.stderr('driver-last')}"
+    assert backfill.wait(timeout=WAIT) == 0, f"the backfill failed {replay}:\n{run.stderr('backfill')}"
+
+    assert sorted(run.committed_batches()) == list(range(BATCHES)), f"each micro-batch once {replay}"
+    backfilled = [(f"{i}-r{rounds - 1}", p, "backfill") for p, ids in old.items() for i in ids]
+    expected = sorted(backfilled + [(i, p, v) for i, (p, v) in produced.items()])
+    assert _rows(read.snapshot(run.table())) == expected, f"cowrite's snapshot {replay}"
+    assert _rows(hudi_rs.snapshot(run.uri, run.storage_options)) == expected, f"hudi-rs's snapshot {replay}"
+
+    table = run.table()
+    rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config), time.time() + 60)
+    assert list(run.table().timeline().pending()) == [], f"failed writes were all rolled back {replay}"
+
+
+def _produce(source: Path) -> dict[str, tuple[str, str]]:
+    """Write the query's input, one file per micro-batch: new keys and updates of the previous batch's;
+    return the latest (partition, value) of every key."""
+    latest: dict[str, tuple[str, str]] = {}
+    for number in range(BATCHES):
+        records = [(f"s{number}-{i}", f"n{i % 2}") for i in range(6)]
+        records += [(f"s{number - 1}-{i}", f"n{i % 2}") for i in range(3) if number > 0]
+        lines = [{"id": k, "part": p, "ts": number, "value": f"b{number}"} for k, p in records]
+        temp = source.parent / f".{number}.json"
+        temp.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        temp.rename(source / f"{number:03d}.json")
+        latest.update({k: (p, f"b{number}") for k, p in records})
+    return latest
+
+
+def _rows(found: Any) -> list[tuple[str, str, str]]:
+    listed = found if isinstance(found, list) else hudi_rs.rows(found)
+    return sorted((r["id"], r["part"], r["value"]) for r in listed)
+
+
+def _wait_for(path: Path, what: str, run: Run, name: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"{name} exited {process.returncode} before {what}:\n{run.stderr(name)}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.stderr(name)}"
+        time.sleep(0.05)
