@@ -150,6 +150,15 @@ class BaseFileGoneError(CowriteError):
         self.path = path
 
 
+class StreamDataLossError(CowriteError):
+    """Commits a streaming query had still to read were archived, or their base files cleaned, first.
+
+    Set ``failOnDataLoss=false`` to skip them and read on, or start a new query; keep more commits
+    (``hoodie.keep.min.commits``, ``hoodie.cleaner.commits.retained``) so that a consumer can fall further
+    behind.
+    """
+
+
 class CheckpointArchivedError(CowriteError):
     """Commits after an incremental consumer's checkpoint were archived: pulling on would skip them.
 

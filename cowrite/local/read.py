@@ -175,7 +175,8 @@ def watermark(table: Table, overlay: Overlay | None = None) -> str | None:
     """
     if overlay is not None:
         return overlay.watermark
-    return table.timeline().latest_completion_time
+    # Data commits only: a clean or a rollback completing would move the watermark past nothing to read.
+    return table.timeline().data_commits().latest_completion_time
 
 
 def _refuse_if_archived(table: Table, checkpoint: str | None, mode: PullMode) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 
-from cowrite.format.config import ConfigKey, parse_list
+from cowrite.format.config import ConfigKey, parse_bool, parse_list
+from cowrite.format.instant import check_time
 
 
 def _str(value: str) -> str:
@@ -122,4 +123,36 @@ TXN_VERSION = ConfigKey(
     _str,
     "Idempotent data source write (Delta's txnVersion): this write's version, a non-negative integer; a "
     "version of the application already committed, or older than one committed, writes nothing.",
+)
+
+# -- streaming reads ---------------------------------------------------------------------------------
+EARLIEST, LATEST = "earliest", "latest"
+
+
+def _start_offset(value: str) -> str:
+    chosen = value.strip()
+    return chosen.lower() if chosen.lower() in (EARLIEST, LATEST) else check_time(chosen)
+
+
+# Spark's options are case-insensitive: the data source lowers their names (handover.Settings).
+START_OFFSET = ConfigKey(
+    "hoodie.datasource.streaming.startoffset",
+    EARLIEST,
+    _start_offset,
+    "Where a new streaming query starts: earliest, latest, or a completion time (yyyyMMddHHmmssSSS) "
+    "after which commits are read.",
+)
+FAIL_ON_DATA_LOSS = ConfigKey(
+    "failondataloss",
+    True,
+    parse_bool,
+    "Streaming reads: fail when commits still to be read were archived or their files cleaned (true), "
+    "or skip them with a warning (false).",
+)
+OVERLAY_MAX_AGE_MS = ConfigKey(
+    "cowrite.streaming.overlay.max.age.ms",
+    0,
+    int,
+    "Streaming reads: take the watermark from the daemon's END_COMMIT_TIME overlay when it was written at "
+    "most this long ago; 0 = always from a listing of the timeline.",
 )

@@ -11,13 +11,13 @@ Offsets are completion times (``{"completion_time": "20261121093000123"}``; ``nu
 commit). A micro-batch ``(start, end]`` holds the rows written by the data commits completed after
 ``start`` and at or before ``end`` — what an incremental read of that range returns
 (``hoodie.datasource.query.type=incremental``): each commit's own rows, not the rows it copied. ``end`` is
-a watermark (:func:`cowrite.local.read.watermark`): the newest completion time of one look at the
-timeline, or of the daemon's END_COMMIT_TIME overlay when it is fresh. Every commit completed at or before
-it is on the timeline the batch is planned from (unless archived meanwhile: data loss, below), and a write
-still pending then completes after it. So a slow commit that completes after a faster one that began later
-lands in a later batch, not in none, and not in two. Spark writes each batch's ``(start, end)`` to its
-checkpoint before running it; a restarted query plans the same range again and gets the same commits and
-rows. The completion of a clean or a rollback moves the watermark too: such a batch is empty.
+a watermark (:func:`cowrite.local.read.watermark`): the newest completion time of a data commit in one
+look at the timeline, or of the daemon's END_COMMIT_TIME overlay when it is fresh. Every commit completed
+at or before it is on the timeline the batch is planned from (unless archived meanwhile: data loss,
+below), and a write still pending then completes after it. So a slow commit that completes after a
+faster one that began later lands in a later batch, not in none, and not in two. Spark writes each
+batch's ``(start, end)`` to its checkpoint before running it; a restarted query plans the same range again
+and gets the same commits and rows.
 
 Options:
 
@@ -64,8 +64,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 import cowrite.spark.options as spark_keys
-from cowrite.errors import BaseFileGoneError, ConfigError, CowriteError
-from cowrite.format.config import ConfigKey, parse_bool
+from cowrite.errors import BaseFileGoneError, ConfigError, CowriteError, StreamDataLossError
 from cowrite.format.instant import check_time
 from cowrite.format.overlay import OVERLAY_PATH, CommitEntry, Overlay
 from cowrite.format.table import Table
@@ -78,48 +77,9 @@ from cowrite.storage.backend import Storage
 
 log = logging.getLogger(__name__)
 
-EARLIEST, LATEST = "earliest", "latest"
 FAIL_ON_DATA_LOSS_OPTION = "failOnDataLoss"  # as users spell it (Spark's Kafka source)
 OFFSET_KEY = "completion_time"
 UNRECORDED = "unrecorded"  # marks the initial offset of a query started at the latest commit
-
-
-def _start_offset(value: str) -> str:
-    chosen = value.strip()
-    return chosen.lower() if chosen.lower() in (EARLIEST, LATEST) else check_time(chosen)
-
-
-# Spark's options are case-insensitive: the data source lowers their names (handover.Settings).
-START_OFFSET = ConfigKey(
-    "hoodie.datasource.streaming.startoffset",
-    EARLIEST,
-    _start_offset,
-    "Where a new streaming query starts: earliest, latest, or a completion time (yyyyMMddHHmmssSSS) "
-    "after which commits are read.",
-)
-FAIL_ON_DATA_LOSS = ConfigKey(
-    "failondataloss",
-    True,
-    parse_bool,
-    "Streaming reads: fail when commits still to be read were archived or their files cleaned (true), "
-    "or skip them with a warning (false).",
-)
-OVERLAY_MAX_AGE_MS = ConfigKey(
-    "cowrite.streaming.overlay.max.age.ms",
-    0,
-    int,
-    "Streaming reads: take the watermark from the daemon's END_COMMIT_TIME overlay when it was written at "
-    "most this long ago; 0 = always from a listing of the timeline.",
-)
-
-
-class StreamDataLossError(CowriteError):
-    """Commits a streaming query had still to read were archived, or their base files cleaned, first.
-
-    Set ``failOnDataLoss=false`` to skip them and read on, or start a new query; keep more commits
-    (``hoodie.keep.min.commits``, ``hoodie.cleaner.commits.retained``) so that a consumer can fall further
-    behind.
-    """
 
 
 def stream_reader(settings: Settings, schema: StructType) -> CowriteStreamReader:
@@ -151,22 +111,22 @@ class CowriteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         config = settings.config
         self.settings = settings
         self.schema = schema
-        self.start = config.get(START_OFFSET)
-        self.fail_on_data_loss = config.get(FAIL_ON_DATA_LOSS)
-        self.overlay_max_age = config.get(OVERLAY_MAX_AGE_MS) / 1000
+        self.start = config.get(spark_keys.START_OFFSET)
+        self.fail_on_data_loss = config.get(spark_keys.FAIL_ON_DATA_LOSS)
+        self.overlay_max_age = config.get(spark_keys.OVERLAY_MAX_AGE_MS) / 1000
         self.rules: tuple[Predicate, ...] = predicates(config.get(spark_keys.READ_FILTERS))
         self.available_now: tuple[str | None] | None = None  # (the last offset) of a Trigger.AvailableNow run
 
     # -- on the driver ------------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
         table = self.settings.table()
-        if self.start == LATEST:
+        if self.start == spark_keys.LATEST:
             # Spark records an offset only with the batch that ends there: a query stopped before its
             # first batch would take "latest" anew when restarted, past what completed meanwhile. This
             # offset differs from every later one, so the first trigger runs a batch (empty when nothing
             # completed since) and Spark records where the query stands.
             return {**offset(self.watermark(table)), UNRECORDED: True}
-        if self.start == EARLIEST:
+        if self.start == spark_keys.EARLIEST:
             return offset(earliest(table))
         return offset(self.start)
 

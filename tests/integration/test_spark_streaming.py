@@ -22,6 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from support import hudi_rs
 from support.hudi_rs import rows
+from support.spark import forget_commit
 from support.tables import frame
 
 from cowrite.cleaner.rollback import rollback_failed
@@ -85,13 +86,6 @@ def sink(spark: Any, source: Path, path: str, checkpoint: Path, **options: str) 
 def data_commits(table: Table) -> list[tuple[Instant, dict[str, str]]]:
     completed = table.timeline().data_commits().in_completion_order()
     return [(i, table.commit_metadata(i).extra) for i in completed]
-
-
-def forget_commit(checkpoint: Path, batch: int) -> None:
-    """What a crash between a batch's commit and Spark's record of it leaves: no ``commits/<batch>`` (nor
-    the checksum Spark writes beside it), so the restarted query runs the batch again."""
-    for name in (str(batch), f".{batch}.crc"):
-        (checkpoint / "commits" / name).unlink(missing_ok=True)
 
 
 def txns(table: Table) -> list[tuple[str, str, str]]:

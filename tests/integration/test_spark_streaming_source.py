@@ -22,18 +22,19 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.pandas.types import from_arrow_schema
 from support.daemon import Processes, Target, writer
+from support.spark import forget_commit
 from support.tables import rows
-from test_spark_streaming import forget_commit
 
 from cowrite.cleaner import service_lock
 from cowrite.cleaner.archive import archive
 from cowrite.cleaner.clean import clean
+from cowrite.errors import StreamDataLossError
 from cowrite.format.instant import Instant
 from cowrite.format.overlay import OVERLAY_PATH, Overlay
 from cowrite.spark import register
 from cowrite.spark.handover import Settings
 from cowrite.spark.reader import plan_snapshot
-from cowrite.spark.source import StreamDataLossError, plan_micro_batch, stream_reader
+from cowrite.spark.source import plan_micro_batch, stream_reader
 
 Row = tuple[str, str, str]  # id, value, _hoodie_commit_time
 COLUMNS = ("id", "value", "_hoodie_commit_time")

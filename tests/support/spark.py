@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -51,3 +52,10 @@ def cluster_session(master: str, name: str = "cowrite-tests") -> Any:
     )
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def forget_commit(checkpoint: Path, batch: int) -> None:
+    """What a crash between a batch's commit and Spark's record of it leaves: no ``commits/<batch>`` (nor
+    the checksum Spark writes beside it), so the restarted query runs the batch again."""
+    for name in (str(batch), f".{batch}.crc"):
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
