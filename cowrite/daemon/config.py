@@ -12,6 +12,9 @@ poll_interval_seconds = 5   # how often timelines, heartbeats and locks are look
 interval_seconds = 300      # how often old file versions are cleaned
 commits_retained = 10
 
+[overlay]
+snapshot_every = 100        # segments of the END_COMMIT_TIME log between two snapshots
+
 [[tables]]
 uri = "s3://bucket/warehouse/orders"
 name = "orders"             # optional; default: the table's hoodie.table.name
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cowrite.daemon.overlay import DEFAULT_SNAPSHOT_EVERY
 from cowrite.errors import ConfigError
 
 TOKEN_VARIABLE = "COWRITE_DAEMON_TOKEN"
@@ -53,6 +57,7 @@ class DaemonConfig:
     commits_retained: int | None = None  # None: each table's hoodie.cleaner.commits.retained
     token: str | None = None
     locks_kept: int = 10  # filesystem lock files kept when old ones are collected
+    overlay_snapshot_every: int = DEFAULT_SNAPSHOT_EVERY  # segments of the overlay's log per snapshot
 
     @classmethod
     def load(cls, path: str | None, tables: Sequence[str] = (), **overrides: Any) -> DaemonConfig:
@@ -63,7 +68,9 @@ class DaemonConfig:
                 document = tomllib.loads(Path(path).read_text())
             except (OSError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"cannot read daemon configuration {path}: {exc}") from None
-        server, follow, cleaner = (_section(document, name, path) for name in ("server", "follow", "cleaner"))
+        server, follow, cleaner, overlay = (
+            _section(document, name, path) for name in ("server", "follow", "cleaner", "overlay")
+        )
         entries = [_table(item, path) for item in document.get("tables", [])]
         entries += [TableEntry(uri) for uri in tables]
         if not entries:
@@ -76,6 +83,7 @@ class DaemonConfig:
                 poll_interval=float(follow.get("poll_interval_seconds", cls.poll_interval)),
                 clean_interval=float(cleaner.get("interval_seconds", cls.clean_interval)),
                 commits_retained=_optional_int(cleaner.get("commits_retained")),
+                overlay_snapshot_every=int(overlay.get("snapshot_every", cls.overlay_snapshot_every)),
                 token=os.environ.get(TOKEN_VARIABLE) or None,
             )
         except (TypeError, ValueError) as exc:
@@ -83,6 +91,8 @@ class DaemonConfig:
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if config.poll_interval <= 0 or config.clean_interval <= 0:
             raise ConfigError("poll and clean intervals must be positive")
+        if config.overlay_snapshot_every < 1:
+            raise ConfigError("[overlay] snapshot_every must be at least 1")
         return config
 
 

@@ -1,72 +1,304 @@
-"""Following a timeline as an event log.
+"""Following a table: what storage shows, turned into events (:mod:`cowrite.daemon.events`).
 
-Each poll compares the timeline directory's names with those of the last poll and parses only the new
-ones. On local disk the storage keeps that listing current from the kernel's change events
-(:meth:`~cowrite.storage.backend.Storage.watched_names`): a poll with nothing new is one comparison of
-identity, and nothing is listed after the first look. Object stores have no events: one listing per
-poll. A rollback deletes the failed instant's files: deletions are followed too.
+**The timeline.** Each look reports the instant files that appeared or vanished since the last one. On
+local disk the storage keeps the directory's listing current from the kernel's change events
+(:meth:`~cowrite.storage.backend.Storage.watched_names`): a look with nothing new is one comparison of
+identity. Object stores have no events, and a listing of the whole timeline costs a request per
+thousand instants; so a look lists only the names after a *start point*
+(:meth:`~cowrite.storage.backend.Storage.list_after`, one request for the tail), which is the older of
+
+- the oldest pending instant's requested time: its next files (inflight, completed, or its removal by a
+  rollback) sort with its requested time, at or after it;
+- the newest requested time known *two* looks ago. A claim stands only if the listing its claimant made
+  right after it shows no later instant (:meth:`~cowrite.format.table.Table._claim`), so a new instant
+  sorts after every instant that existed when it was claimed. A listing is no snapshot, though: one may
+  miss an instant claimed while it ran, and show a later one; the instant it missed sorts after
+  everything the look before it knew, so starting there finds it on the next look.
+
+Below the start point only completed instants remain, and only archival removes those: the follower
+learns of it from the archive itself (:meth:`TimelineFollower.look_archive`, new archive files only). A
+full look (:meth:`TimelineFollower.look` with ``full``, on the cleaner's schedule) reconciles anything
+else — a claim withdrawn by a claimant that died before deleting it, a file deleted by hand.
+
+**Locks and heartbeats** are a listing each, made by the service only when they can matter
+(:class:`~cowrite.daemon.service.TableService`); every lock file and heartbeat payload is read once, when
+it first appears, and a heartbeat again only when its size changes (an aborting writer rewrites it with
+its reason).
+
+Not thread-safe: one poller per table.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable
+from bisect import bisect_right, insort
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
-from cowrite.format.instant import Instant, InvalidInstantError
+from cowrite.daemon.events import (
+    ArchiveRead,
+    Change,
+    Event,
+    HeartbeatGone,
+    HeartbeatRenewed,
+    InstantChanged,
+    LockAcquired,
+    LockReleased,
+)
+from cowrite.daemon.state import TableState
+from cowrite.errors import CorruptTimelineError, CowriteError, InstantGoneError
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State
+from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
-from cowrite.format.timeline import TIMELINE_DIR, Timeline, instant_named
+from cowrite.format.timeline import ARCHIVE_DIR, TIMELINE_DIR, instant_named
+from cowrite.protocol.heartbeat import HEARTBEAT_DIR, abort_reason
+from cowrite.protocol.locks.filesystem import LOCK_DIR, holder_or_unknown, parse_lock_file, read_release
+from cowrite.storage.backend import FileInfo, LocalStorage
 
 log = logging.getLogger(__name__)
 
+_CHANGES = {
+    State.REQUESTED: Change.REQUESTED,
+    State.INFLIGHT: Change.INFLIGHT,
+    State.COMPLETED: Change.COMPLETED,
+}
+
+
+@dataclass(frozen=True)
+class LockLook:
+    events: list[Event]
+    names: frozenset[str]  # the lock directory as listed: what garbage collection works from
+
 
 class TimelineFollower:
-    """The current timeline of one table, kept up to date cheaply. Not thread-safe: one poller."""
+    """Looks at one table's storage and reports what changed, as events for a :class:`TableState`."""
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self._listed: frozenset[str] = frozenset()
-        self._names: dict[str, Instant] = {}
-        self._timeline: Timeline | None = None  # built from _names when asked, kept until they change
+        self.storage = table.storage
+        # Local disk keeps listings current from the kernel's events: comparing whole listings costs
+        # nothing there, and reconciles by itself.
+        self._kept = isinstance(self.storage, LocalStorage)
+        self._listed: frozenset[str] | None = None  # the kept listing last compared (local disk)
+        self._known: list[str] = []  # names reported, sorted
+        self._known_set: set[str] = set()
+        self._newest_when_last_look_began: str | None = None  # the newest instant two looks ago
+        self.full_look_due = True
+        self.archive_due = True  # a commit may have been archived without the follower seeing it
+        self._lock_names: frozenset[str] | None = None
+        self._beats: dict[str, tuple[float, int]] = {}  # instant -> (modification time, size)
 
-    def start(self) -> list[Instant]:
-        """Load the timeline; returns its instants (the events so far)."""
-        return self.poll()[0]
+    # -- the timeline ----------------------------------------------------------------------------
+    def look(self, state: TableState, full: bool = False) -> list[InstantChanged]:
+        """The instant files that appeared or vanished since the last look.
 
-    def poll(self) -> tuple[list[Instant], list[Instant]]:
-        """(instant files that appeared, instant files that vanished) since the last poll."""
-        listed = self.table.storage.watched_names(TIMELINE_DIR)
-        if listed is self._listed:  # a kept listing is the same object until the directory changes
-            return [], []
-        previous, self._listed = self._listed, listed
-        return self._add(sorted(listed - previous)), self._remove(previous - listed)
+        Every completed data commit the overlay lacks is parsed here: one no reader can parse raises
+        :class:`CorruptTimelineError`, and the look reports nothing (the next one tries again). One
+        archived between the listing and its read is left out, and the archive is looked at next.
+        """
+        infos: dict[str, FileInfo] | None = None
+        listed: frozenset[str] | None = None
+        if self._kept:
+            listed = self.storage.watched_names(TIMELINE_DIR)
+            if listed is self._listed:  # a kept listing is the same object until the directory changes
+                return []
+            created, removed = set(listed - self._known_set), self._known_set - listed
+        else:
+            floor = self._newest_when_last_look_began
+            points = [t for t in (floor, state.oldest_pending) if t is not None]
+            after = "" if full or self.full_look_due or floor is None else min(points)
+            infos = {info.name: info for info in self.storage.list_after(TIMELINE_DIR, after)}
+            known = self._known[bisect_right(self._known, after) :] if after else self._known
+            created = set(infos.keys() - self._known_set)
+            removed = {name for name in known if name not in infos}
+        events, gone = self._appeared(state, sorted(created), infos)  # may raise: then nothing changes
+        self._listed = listed
+        self.full_look_due = False
+        self._newest_when_last_look_began = state.newest  # the events of this look are not applied yet
+        for name in sorted(removed):
+            file = _instant(name)
+            if file is not None:
+                events.append(InstantChanged(Change.REMOVED, file))
+                if file.is_completed:
+                    self.archive_due = True  # only archival removes a completed instant
+        self._forget(removed)
+        self._remember(name for name in created if name not in gone)
+        # Completions in the order they happened: the state counts a completion as new only when it is
+        # later than every one it knew (an archival that stopped half way may show old ones again).
+        events.sort(key=_completion_order)
+        return events
 
-    @property
-    def timeline(self) -> Timeline:
-        if self._timeline is None:  # sorting tens of thousands of instants every poll would dominate it
-            self._timeline = Timeline(self._names.values())
-        return self._timeline
-
-    # -- internals -------------------------------------------------------------------------------
-    def _add(self, names: Iterable[str]) -> list[Instant]:
-        added = []
-        for name in names:
-            if name in self._names:
+    def _appeared(
+        self, state: TableState, names: list[str], infos: dict[str, FileInfo] | None
+    ) -> tuple[list[InstantChanged], set[str]]:
+        files = [(name, file) for name in names if (file := _instant(name, self.table.uri)) is not None]
+        logged = state.logged.watermark if state.logged else None
+        commits = [
+            file
+            for _, file in files
+            if file.is_completed
+            and file.action.writes_data
+            and (logged is None or (file.completion_time or "") > logged)
+            and file.requested_time not in state.unlogged
+        ]
+        entries, gone = self._entries(commits)
+        events = []
+        for name, file in files:
+            if name in gone:
                 continue
+            info = infos.get(name) if infos is not None else None
+            events.append(
+                InstantChanged(
+                    _CHANGES[file.state],
+                    file,
+                    modified=self._modified(name, file, info),
+                    entry=entries.get(file.requested_time) if file.is_completed else None,
+                    service_plan=self._plans_a_service(file, info),
+                )
+            )
+        return events, gone
+
+    def _entries(self, commits: list[Instant]) -> tuple[dict[str, CommitEntry], set[str]]:
+        """What the overlay needs of each of ``commits`` (read concurrently on object stores), and the
+        names of those archived before they could be read."""
+        try:
+            read = zip(commits, self.table.commit_metadata_of(commits), strict=True)
+            return {i.requested_time: CommitEntry.from_metadata(i, m) for i, m in read}, set()
+        except InstantGoneError:
+            pass
+        entries, gone = {}, set()
+        for commit in commits:  # the ones read already come from the cache
             try:
-                instant = instant_named(name)
-            except InvalidInstantError as exc:
-                log.warning("skipping %s in the timeline of %s: %s", name, self.table.uri, exc)
-                continue
-            if instant is None:
-                continue
-            self._names[name] = instant
-            added.append(instant)
-        if added:
-            self._timeline = None
-        return added
+                entries[commit.requested_time] = CommitEntry.of(self.table, commit)
+            except InstantGoneError as exc:
+                log.info("%s was archived before it was read (%s); looking at the archive", commit, exc)
+                gone.add(commit.file_name)
+                self.archive_due = True
+        return entries, gone
 
-    def _remove(self, names: Iterable[str]) -> list[Instant]:
-        removed = [self._names.pop(name) for name in list(names) if name in self._names]
-        if removed:
-            self._timeline = None
-        return removed
+    def _modified(self, name: str, file: Instant, info: FileInfo | None) -> float | None:
+        """When a pending instant's file was written: its writer's first signs of life."""
+        if file.is_completed:
+            return None
+        if info is not None:
+            return info.modified
+        try:  # local disk: a system call, no request
+            return self.storage.stat(f"{TIMELINE_DIR}/{name}").modified
+        except FileNotFoundError:  # removed already: the next look reports it
+            return None
+
+    def _plans_a_service(self, file: Instant, info: FileInfo | None) -> bool:
+        if file.state is not State.REQUESTED or file.action is not Action.REPLACE_COMMIT:
+            return False
+        if info is not None and info.size == 0:  # writers leave their claims empty: nothing to read
+            return False
+        return self.table.service_plan(file) is not None
+
+    def _remember(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in self._known_set:
+                self._known_set.add(name)
+                insort(self._known, name)
+
+    def _forget(self, names: Collection[str]) -> None:
+        if names:
+            self._known_set.difference_update(names)
+            self._known = [name for name in self._known if name not in names]
+
+    # -- the archive -----------------------------------------------------------------------------
+    def look_archive(self, state: TableState) -> list[Event]:
+        """The instants of archive files written since the last one reported (archive files are named by
+        their first and last instant, and each archival run moves out instants after the last run's)."""
+        self.archive_due = False
+        events: list[Event] = []
+        for info in self.storage.list_after(ARCHIVE_DIR, state.archive_seen or ""):
+            instants = _archived_in(self.storage.read(info.path), self.storage.full_path(info.path))
+            for instant in instants:
+                events.append(InstantChanged(Change.REMOVED, instant, archived=True))
+            self._forget({i.file_name for i in instants} & self._known_set)
+            events.append(ArchiveRead(info.name))
+        if self._listed is not None:
+            self._listed = None  # what was forgotten may still be listed (an archival that stopped half way)
+        return events
+
+    # -- locks and heartbeats --------------------------------------------------------------------
+    def look_locks(self, state: TableState) -> LockLook:
+        """The lock files that appeared since the last look. Files of older locks found by the first look
+        are history: only the current lock's holder is read then."""
+        infos: dict[str, FileInfo] | None = None
+        if self._kept:
+            names = self.storage.watched_names(LOCK_DIR)
+            if names is self._lock_names:
+                return LockLook([], names)
+        else:
+            infos = {info.name: info for info in self.storage.list(LOCK_DIR)}
+            names = frozenset(infos)
+        new = sorted(
+            (parsed, name)
+            for name in names - (self._lock_names or frozenset())
+            if (parsed := parse_lock_file(name)) is not None
+        )
+        highest = max((lock_id for (lock_id, _), _ in new), default=0)
+        events: list[Event] = []
+        for (lock_id, released), name in new:
+            if not state.following and lock_id < highest:
+                continue
+            info = infos.get(name) if infos is not None else None
+            try:
+                if not released:
+                    holder = holder_or_unknown(self.storage, lock_id)
+                    events.append(LockAcquired(lock_id, holder, info.modified if info else None))
+                elif info is not None and info.size == 0:  # a holder's own release is empty
+                    events.append(LockReleased(lock_id, expired=False))
+                else:
+                    reason = read_release(self.storage, lock_id).get("reason")
+                    events.append(LockReleased(lock_id, expired=reason == "expired"))
+            except FileNotFoundError:  # collected since the listing: not the current lock
+                continue
+            except CowriteError as exc:  # an unreadable release reads as released
+                log.warning("lock file %s of %s: %s", name, self.table.uri, exc)
+                events.append(LockReleased(lock_id, expired=False))
+        self._lock_names = names
+        return LockLook(events, names)
+
+    def look_heartbeats(self, state: TableState, writers: Collection[str]) -> list[Event]:
+        """Heartbeats renewed or gone since the last look. The payload of a pending writer's heartbeat
+        (``writers``) is read when it first appears and when its size changes: a renewal rewrites the same
+        payload, an aborting writer adds its reason."""
+        current = {info.name: info for info in self.storage.list(HEARTBEAT_DIR)}
+        events: list[Event] = []
+        for name, info in sorted(current.items()):
+            known = self._beats.get(name)
+            if known == (info.modified, info.size):
+                continue
+            aborted = None
+            if name in writers and (known is None or known[1] != info.size):
+                aborted = abort_reason(self.storage, name)
+            events.append(HeartbeatRenewed(name, info.modified, aborted))
+        for name in sorted(self._beats.keys() - current.keys()):
+            events.append(HeartbeatGone(name))
+        self._beats = {name: (info.modified, info.size) for name, info in current.items()}
+        return events
+
+
+def _completion_order(event: InstantChanged) -> tuple[str, str]:
+    return event.file.completion_time or "", event.file.file_name
+
+
+def _instant(name: str, uri: str | None = None) -> Instant | None:
+    """The instant a timeline name names; None (a warning when ``uri`` is given) for other names."""
+    try:
+        return instant_named(name)
+    except InvalidInstantError as exc:
+        if uri is not None:
+            log.warning("skipping %s in the timeline of %s: %s", name, uri, exc)
+        return None
+
+
+def _archived_in(data: bytes, path: str) -> list[Instant]:
+    """The timeline files an archive file holds (see :mod:`cowrite.cleaner.archive`)."""
+    try:
+        return [Instant.parse(record["file"]) for record in json.loads(data)]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CorruptTimelineError(path, f"not an archive of instants ({exc})") from None

@@ -13,7 +13,9 @@
                                        ``?limit=<1-500>`` (default 60)
 ``GET /api/tables/<name>/locks``       the current filesystem lock holder
 ``GET /api/tables/<name>/watermark``   watermark (completion time) and fence (requested time)
-``GET /api/tables/<name>/overlay``     END_COMMIT_TIME entries; ``?since=<completion time>``
+``GET /api/tables/<name>/overlay``     END_COMMIT_TIME entries after ``?since=<completion time>``, read
+                                       from the log as a consumer does (410 when commits after it
+                                       were archived)
 ``POST /api/tables/<name>/rollback``   roll back failed writes now (token)
 ``POST /api/tables/<name>/clean``      clean now (token)
 =====================================  ===============================================================
@@ -46,13 +48,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from cowrite.daemon.config import DaemonConfig
-from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.metrics import TableStatus
 from cowrite.daemon.recent import RollbackTargets, parse_limit, recent
-from cowrite.errors import CowriteError
+from cowrite.errors import CheckpointArchivedError, CowriteError
 from cowrite.format.instant import check_time
-from cowrite.format.overlay import Overlay
+from cowrite.format.overlay import read_since
 from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks.filesystem import current_lock
 
 log = logging.getLogger(__name__)
@@ -77,9 +79,7 @@ class TableService(Protocol):
     @property
     def table(self) -> Table | None: ...
     @property
-    def follower(self) -> TimelineFollower | None: ...
-    @property
-    def overlay(self) -> Overlay | None: ...
+    def timeline(self) -> Timeline | None: ...
     def poll(self) -> None: ...
     def clean(self) -> None: ...
     def abort_reason(self, instant: str) -> str | None: ...
@@ -188,10 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
         service = self._service(name)
         if service is None:
             return
-        follower, table = service.follower, service.table
+        timeline, table = service.timeline, service.table
         if view == "status":
             self._json(_status_json(service))
-        elif follower is None or table is None:
+        elif timeline is None or table is None:
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"table {name} is not loaded: {service.status.error}")
         elif view == "timeline":
             self._json(
@@ -202,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "state": i.state.name,
                         "completion_time": i.completion_time,
                     }
-                    for i in follower.timeline
+                    for i in timeline
                 ]
             )
         elif view == "heartbeats":
@@ -239,7 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(
                 recent(
                     table,
-                    follower.timeline,
+                    timeline,
                     service.status.pending,
                     service.abort_reason,
                     self.rollback_targets,
@@ -250,12 +250,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"watermark": service.status.watermark, "fence": service.status.fence})
         elif view == "overlay":
             since = query.get("since", [None])[0]
-            overlay = service.overlay
-            entries = overlay.since(check_time(since) if since else None) if overlay else []
+            try:
+                overlay = read_since(table.storage, check_time(since) if since else None)
+            except CheckpointArchivedError as exc:
+                self._error(HTTPStatus.GONE, str(exc))
+                return
             self._json(
                 {
                     "watermark": overlay.watermark if overlay else None,
-                    "entries": [asdict(e) for e in entries],
+                    "entries": [asdict(e) for e in overlay.entries] if overlay else [],
                 }
             )
         else:

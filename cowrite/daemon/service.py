@@ -2,9 +2,26 @@
 
 Each table is served by its own :class:`TableService`, polled by scheduler jobs of its own, so a table
 that fails (corrupt files, no permission, storage down) is reported in logs and metrics
-(``cowrite_table_up 0``) while the others carry on. The daemon holds no state that is not on storage:
-killed at any point, it loses nothing, and on restart it resumes interrupted rollbacks and cleans from
-their plans. Writers never wait for it.
+(``cowrite_table_up 0``) while the others carry on. Writers never wait for the daemon.
+
+A table's state is the fold (:class:`~cowrite.daemon.state.TableState`) of the events its follower
+reports (:mod:`cowrite.daemon.follow`); a poll looks only where something can have changed, and its
+decisions (roll back, expire a lock, append to the END_COMMIT_TIME log) are taken from the state. What the
+daemon keeps on storage is the END_COMMIT_TIME log and the cleaner's plans: killed at any point, it loses
+nothing; a restart loads the log's newest snapshot and the segments after it, looks at the table once in
+full, and finishes interrupted rollbacks and cleans from their plans.
+
+What a poll looks at (on an object store each is a request; on local disk the timeline and lock listings
+are kept current by the kernel's change events, so an idle poll compares two objects):
+
+- the timeline: always, the names after its start point (:mod:`cowrite.daemon.follow`); a second time
+  when the first look showed new completions, so that the watermark is that of the first look;
+- the lock directory, once: when a write is pending, the lock was held, or the timeline changed — a
+  holder then may be waiting or dead —, otherwise once per heartbeat interval (a dead holder nobody waits
+  for is expired that much later; a contender would expire it at once);
+- the heartbeats: when a write is pending or the lock is held (nobody else has a lease to judge);
+- the archive's new files: when the watermark moves or a commit vanished;
+- the END_COMMIT_TIME log: one new file when what it says changed.
 """
 
 from __future__ import annotations
@@ -14,8 +31,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
 
@@ -25,38 +42,27 @@ from prometheus_client import CollectorRegistry
 from cowrite.cleaner import archive, clean, rollback_failed, service_lock
 from cowrite.cleaner.rollback import collect_heartbeats, planned_files
 from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.events import Change, Event, InstantChanged, OverlayAppended
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import DaemonMetrics, TableStatus
-from cowrite.errors import CorruptTimelineError, CowriteError, InstantGoneError, LockTimeoutError
+from cowrite.daemon.overlay import OverlayLog, OverlayLogDamaged
+from cowrite.daemon.state import TableState
+from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
 from cowrite.format import config as keys
-from cowrite.format.instant import Action, Instant
-from cowrite.format.overlay import Overlay
+from cowrite.format.instant import Action
+from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import HeartbeatPolicy
-from cowrite.protocol.liveness import PendingInstant, pending_writers
+from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.locks.factory import FILESYSTEM, provider_name
-from cowrite.protocol.locks.filesystem import (
-    LOCK_DIR,
-    collect_garbage,
-    expire_stale_lock,
-    read_holder,
-    read_release,
-)
+from cowrite.protocol.locks.filesystem import acquired_path, collect_garbage, expire_lock, judge_holder
 from cowrite.storage.backend import FileInfo
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Seen:
-    """What a table service has already counted, so counters count each event once."""
-
-    aborted: dict[str, str] = field(default_factory=dict)  # instant -> the reason its writer gave up
-    lock_files: frozenset[str] = frozenset()
-    garbage: dict[str, tuple[int, int]] = field(default_factory=dict)  # instant -> (files, bytes)
+_REBUILDING = "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %s"
 
 
 class TableService:
@@ -72,10 +78,13 @@ class TableService:
         self.follower: TimelineFollower | None = None
         self.lock: TableLock | None = None
         self.policy = HeartbeatPolicy()
-        self.overlay: Overlay | None = None
-        self._overlay_source: Timeline | None = None  # the timeline ``overlay`` was last built from
-        self.seen = _Seen()
+        self.state = TableState()
+        self.log: OverlayLog | None = None
         self.polls = 0
+        self._reported: Counter[tuple[str, str]] = Counter()  # state.counts already exported
+        self._garbage: dict[str, tuple[int, int]] = {}  # failed instant -> (files, bytes) it left
+        self._locks_looked_at = float("-inf")  # time.monotonic() of the last look at the lock directory
+        self._reaper = f"cowrite-daemon@{socket.gethostname()}"
         self._mutex = threading.Lock()  # one job at a time per table
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -85,29 +94,49 @@ class TableService:
             table = Table(loaded.storage, loaded.config.with_values(self.entry.settings))
             if self.entry.name is None:
                 self.name = table.name
-            follower = TimelineFollower(table)
-            follower.start()
-            owner = f"cowrite-daemon@{socket.gethostname()}"
-            self.lock = service_lock(table, owner)
-            self.policy = HeartbeatPolicy.from_config(table.config)
+            state, follower = TableState(), TimelineFollower(table)
+            overlay = OverlayLog(table.storage, self.config.overlay_snapshot_every)
             try:
-                self.overlay = Overlay.load(table)
-            except CorruptTimelineError as exc:  # the daemon's own file: rebuilt on the first poll
-                log.warning("rebuilding the END_COMMIT_TIME overlay of %s: %s", self.entry.uri, exc)
-                self.overlay = None
-            self.table, self.follower = table, follower
-            self._count_lock_files(initial=True)
+                logged = overlay.load()
+            except OverlayLogDamaged as exc:  # the daemon's own files: rebuilt on the first poll
+                log.warning(
+                    "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %s", table.uri, exc
+                )
+                logged = None
+            if logged is not None:
+                state.apply(logged)
+            for event in follower.look(state, full=True):
+                state.apply(event)
+            self.lock = service_lock(table, self._reaper)
+            self.policy = HeartbeatPolicy.from_config(table.config)
+            self.state, self.follower, self.log, self.table = state, follower, overlay, table
+            self._reported = Counter()
+            self._locks_looked_at = float("-inf")
+            if self._uses_lock_files():
+                self._look_at_locks()
+            state.following = True  # from here on, what appears is news
         return self.table
 
     def abort_reason(self, instant: str) -> str | None:
         """Why the writer of ``instant`` gave up, as a poll of this daemon saw it before the rollback
         deleted the heartbeat that said so. Kept in memory only: a restarted daemon knows the reasons of
         instants still pending, not of those rolled back before."""
-        return self.seen.aborted.get(instant)
+        return self.state.aborted.get(instant)
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """The timeline as the last poll left it; None before the table was opened."""
+        return self.state.timeline if self.table is not None else None
+
+    @property
+    def overlay(self) -> OverlayAppended | None:
+        """What the newest file of the END_COMMIT_TIME log says (watermark, fence, archived through)."""
+        return self.state.logged
 
     # -- jobs ------------------------------------------------------------------------------------
     def poll(self) -> None:
-        """Follow the timeline, judge pending writers, expire stale locks, roll back failed writes."""
+        """Follow the table, judge pending writers, expire stale locks, roll back failed writes, append
+        to the END_COMMIT_TIME log."""
         with self._mutex:
             try:
                 self._poll()
@@ -119,8 +148,8 @@ class TableService:
                 self.status = TableStatus(
                     self.name, self.entry.uri, False, str(exc), time.time(), corrupt=corrupt
                 )
-                if self.table is not None and self.follower is not None and self.polls == 0:
-                    self.table = None
+                if self.table is not None and self.polls == 0:
+                    self.table = None  # opened, not served yet: open afresh
             finally:
                 self.polls += 1
 
@@ -128,7 +157,7 @@ class TableService:
         with self._mutex:
             try:
                 table = self._open()
-                assert self.lock is not None
+                assert self.lock is not None and self.follower is not None
                 retained = self.config.commits_retained
                 if retained is None:
                     retained = table.config.get(keys.CLEANER_COMMITS_RETAINED)
@@ -138,138 +167,191 @@ class TableService:
                     self.metrics.deleted_files.labels(self.name, "clean").inc(len(done.deleted))
                 with self._timed("archive"):  # after cleaning: replaced files must be gone first
                     archive(table, self.lock)
+                # What polls do not look at: heartbeats left by writers that died after publishing, and
+                # (on object stores) what the timeline holds below the follower's start point.
+                collect_heartbeats(table, self.policy)
+                self.follower.full_look_due = self.follower.archive_due = True
             except Exception as exc:
                 log.error("cleaning %s failed: %s", self.name, exc, exc_info=exc)
 
     def _poll(self) -> None:
         table = self._open()
-        assert self.follower is not None and self.lock is not None
-        created = self._follow(table)
-        for instant in created:
-            if instant.is_completed and self.polls > 0:
-                self.metrics.commits.labels(self.name, instant.action.value).inc()
-        self._reap_locks(table)
-        timeline = self.follower.timeline
+        follower, state = self.follower, self.state
+        assert follower is not None and self.lock is not None
         now = time.time()
-        pending = pending_writers(table, timeline, self.policy, now)
-        self._count_aborts(pending)
-        unfinished = timeline.pending().filter(actions=[Action.ROLLBACK])
-        if any(p.failed for p in pending) or unfinished:
-            try:
-                with self._timed("rollback"):
-                    done = rollback_failed(table, self.lock, self.policy, now)
-            except LockTimeoutError as exc:
-                # A live holder keeps the lock: the table is fine and its failed writes (and their garbage)
-                # stay reported; a later poll rolls them back.
-                log.warning("rollback on %s waits for the table lock: %s", self.name, exc)
-                done = []
-            for item in done:
-                self.metrics.rollbacks.labels(self.name).inc()
-                self.metrics.deleted_files.labels(self.name, "rollback").inc(len(item.deleted))
-            if done:  # our own changes
-                self.follower.poll()
-                timeline = self.follower.timeline
-                pending = pending_writers(table, timeline, self.policy, now)
-        else:
-            collect_heartbeats(table, self.policy, now, timeline)  # rollback_failed collects them too
-        self._refresh_overlay(table, timeline)
-        garbage = self._garbage(table, pending)
-        states = {state.name.lower(): n for state, n in Counter(i.state for i in timeline).items()}
+        first = self._apply(follower.look(state))
+        # A listing may show a commit without one that completed before it; a second look finds that one,
+        # so the log may go up to the newest completion of the first.
+        watermark = state.latest_completion
+        if any(e.change is Change.COMPLETED for e in first):
+            self._apply(follower.look(state))
+        if self._uses_lock_files() and self._locks_due(table, changed=bool(first)):
+            self._look_at_locks()
+        if state.busy:
+            writers = {p.instant.requested_time for p in state.pending_writers(self.policy, now)}
+            self._apply(follower.look_heartbeats(state, writers))
+        self._expire_stale_lock(table, now)
+        pending = self._roll_back(table, state.pending_writers(self.policy, now), now)
+        self._append_to_overlay(table, watermark)
+        self._export_counts()
+        garbage = self._count_garbage(table, pending)
         self.status = TableStatus(
             self.name,
             self.entry.uri,
             up=True,
             polled_at=now,
-            instants_by_state=states,
+            instants_by_state={s.name.lower(): n for s, n in sorted(state.by_state.items()) if n},
             pending=tuple(pending),
             garbage_files=garbage[0],
             garbage_bytes=garbage[1],
-            watermark=self.overlay.watermark if self.overlay else None,
-            fence=self.overlay.fence if self.overlay else None,
+            watermark=state.logged.watermark if state.logged else None,
+            fence=state.fence,
         )
 
     # -- pieces ----------------------------------------------------------------------------------
-    def _follow(self, table: Table) -> list[Instant]:
-        """Poll the follower; return the instants that appeared. Every completed commit it shows is
-        parsed: a commit no reader can parse stops the table's jobs.
+    def _apply(self, events: Iterable[Event]) -> list[InstantChanged]:
+        """Fold ``events`` into the state; the instant changes among them."""
+        changes = []
+        for event in events:
+            self.state.apply(event)
+            if isinstance(event, InstantChanged):
+                changes.append(event)
+        return changes
 
-        A commit archived by another process between the follower's listing and its read is no fault
-        of the table: the follower looks once more, and that listing no longer shows it. Should the
-        timeline move on again, :class:`InstantGoneError` fails this poll only; the next one starts from
-        a new listing.
-        """
-        assert self.follower is not None
-        created, _ = self.follower.poll()
+    def _uses_lock_files(self) -> bool:
+        return self.table is not None and provider_name(self.table.config) == FILESYSTEM
+
+    def _locks_due(self, table: Table, changed: bool) -> bool:
+        """Whether this poll looks at the lock directory (see the module's docstring)."""
+        if not table.storage.round_trips or changed or self.state.busy:
+            return True
+        return time.monotonic() - self._locks_looked_at >= self.policy.interval
+
+    def _look_at_locks(self) -> None:
+        """One listing of the lock directory: new holders and releases, then old lock files collected."""
+        assert self.follower is not None and self.table is not None
+        self._locks_looked_at = time.monotonic()
+        look = self.follower.look_locks(self.state)
+        self._apply(look.events)
+        collect_garbage(self.table.storage, keep=self.config.locks_kept, names=look.names)
+
+    def _expire_stale_lock(self, table: Table, now: float) -> None:
+        """Release the filesystem lock of a holder whose heartbeat (or, holding no instant, whose lock file)
+        is older than the tolerance; the release shows on the next look at the lock directory."""
+        lock = self.state.lock
+        if not self._uses_lock_files() or lock is None or not lock.held or lock.holder is None:
+            return
+        acquired_at = lock.acquired_at
+        if acquired_at is None:  # local disk: the listing has names only, and a stat is no request
+            try:
+                acquired_at = table.storage.stat(acquired_path(lock.lock_id)).modified
+            except FileNotFoundError:  # collected: released meanwhile
+                return
+        age = self.state.heartbeat_age(lock.holder.instant, now)
+        reason, _ = judge_holder(acquired_at, lock.lock_id, lock.holder, age, self.policy, now)
+        if reason is not None:
+            expire_lock(table.storage, lock.lock_id, lock.holder, reason, self._reaper, now)
+
+    def _roll_back(self, table: Table, pending: list[PendingInstant], now: float) -> list[PendingInstant]:
+        """Roll back failed writes and finish interrupted rollbacks; the pending writers left."""
+        assert self.follower is not None and self.lock is not None
+        unfinished = any(i.action is Action.ROLLBACK for i in self.state.pending_instants)
+        if not unfinished and not any(p.failed for p in pending):
+            return pending
         try:
-            table.verified(self.follower.timeline)
-        except InstantGoneError as exc:
-            log.info("table %s moved on while it was read (%s); following it again", self.name, exc)
-            created += self.follower.poll()[0]
-            table.verified(self.follower.timeline)
-        return created
+            with self._timed("rollback"):
+                done = rollback_failed(table, self.lock, self.policy, now)
+        except LockTimeoutError as exc:
+            # A live holder keeps the lock: the table is fine and its failed writes (and their garbage)
+            # stay reported; a later poll rolls them back.
+            log.warning("rollback on %s waits for the table lock: %s", self.name, exc)
+            return pending
+        for item in done:
+            self.metrics.rollbacks.labels(self.name).inc()
+            self.metrics.deleted_files.labels(self.name, "rollback").inc(len(item.deleted))
+        if not done:
+            return pending
+        self._apply(self.follower.look(self.state))  # our own changes
+        return self.state.pending_writers(self.policy, now)
+
+    def _append_to_overlay(self, table: Table, watermark: str | None) -> None:
+        """Append what the log lacks up to ``watermark``; on a table without a whole log, write it anew."""
+        follower, state, overlay = self.follower, self.state, self.log
+        assert follower is not None and overlay is not None
+        logged = state.logged.watermark if state.logged else None
+        if follower.archive_due or (watermark or "") > (logged or ""):
+            # Archival writes its file before it deletes the instants: whatever was archived before the
+            # looks at the timeline is in this listing, and the log says so before its watermark passes it.
+            self._apply(follower.look_archive(state))
+        batch = state.overlay_batch(watermark)
+        if batch is None:
+            return
+        if overlay.whole:
+            try:
+                overlay.append(batch)
+            except OverlayLogDamaged as exc:
+                log.warning(
+                    "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %s", table.uri, exc
+                )
+            else:
+                state.apply(batch)
+                return
+        entries = self._all_entries(table, batch.watermark)
+        overlay.rebuild(batch, entries)
+        state.apply(replace(batch, entries=tuple(entries)))
+
+    def _all_entries(self, table: Table, watermark: str | None) -> list[CommitEntry]:
+        """An entry for every data commit on the timeline completed at or before ``watermark``, in
+        completion order: those the state holds, the others read (concurrently on object stores)."""
+        commits = [
+            i
+            for i in self.state.timeline.data_commits().in_completion_order()
+            if watermark is not None and (i.completion_time or "") <= watermark
+        ]
+        unlogged = self.state.unlogged
+        missing = [i for i in commits if i.requested_time not in unlogged]
+        read = dict(zip((i.requested_time for i in missing), table.commit_metadata_of(missing), strict=True))
+        return [
+            unlogged.get(i.requested_time) or CommitEntry.from_metadata(i, read[i.requested_time])
+            for i in commits
+        ]
+
+    def _export_counts(self) -> None:
+        """Counters of the state (events counted once each) into Prometheus."""
+        counts = self.state.counts
+        for (kind, label), n in counts.items():
+            delta = n - self._reported[kind, label]
+            if delta <= 0:
+                continue
+            if kind == "commits":
+                self.metrics.commits.labels(self.name, label).inc(delta)
+            elif kind == "aborted":
+                self.metrics.aborted_writes.labels(self.name, label).inc(delta)
+            elif kind == "conflicts":
+                self.metrics.conflicts.labels(self.name).inc(delta)
+            elif kind == "lock_expiries":
+                self.metrics.lock_expiries.labels(self.name).inc(delta)
+        self._reported = Counter(counts)
+        for waited in self.state.lock_waits:
+            self.metrics.lock_wait.labels(self.name).observe(waited)
+        self.state.lock_waits.clear()
 
     def _timed(self, service: str) -> _Timed:
         return _Timed(self.metrics, self.name, service)
 
-    def _count_aborts(self, pending: Sequence[PendingInstant]) -> None:
-        for item in pending:
-            if item.aborted and item.instant.requested_time not in self.seen.aborted:
-                self.seen.aborted[item.instant.requested_time] = item.aborted
-                self.metrics.aborted_writes.labels(self.name, item.aborted).inc()
-                if item.aborted == "conflict":
-                    self.metrics.conflicts.labels(self.name).inc()
-
-    def _reap_locks(self, table: Table) -> None:
-        """Expire a stale filesystem lock, collect old lock files, and count lock waits and expiries."""
-        if provider_name(table.config) != FILESYSTEM:
-            return
-        expire_stale_lock(table.storage, self.policy, reaper=f"cowrite-daemon@{socket.gethostname()}")
-        self._count_lock_files(initial=False)
-        collect_garbage(table.storage, keep=self.config.locks_kept)
-
-    def _count_lock_files(self, initial: bool) -> None:
-        assert self.table is not None
-        if provider_name(self.table.config) != FILESYSTEM:
-            return
-        names = self.table.storage.watched_names(LOCK_DIR)
-        for name in sorted(names - self.seen.lock_files):
-            if initial or not name.startswith("lock"):
-                continue
-            lock_id = int(name[4:].split(".")[0])
-            try:
-                if name.endswith(".acquired"):
-                    waited = read_holder(self.table.storage, lock_id).waited_ms
-                    self.metrics.lock_wait.labels(self.name).observe(waited / 1000)
-                elif read_release(self.table.storage, lock_id).get("reason") == "expired":
-                    self.metrics.lock_expiries.labels(self.name).inc()
-            except (FileNotFoundError, CowriteError) as exc:  # collected meanwhile, or unreadable
-                log.debug("lock file %s: %s", name, exc)
-        self.seen.lock_files = names  # ids only grow: a collected name never comes back
-
-    def _refresh_overlay(self, table: Table, timeline: Timeline) -> None:
-        caught_up = self.overlay is not None and self.overlay.watermark == timeline.latest_completion_time
-        if timeline is self._overlay_source and caught_up:
-            return  # unchanged: the follower hands out the same Timeline until an instant file comes or goes
-        # the watermark comes from the previous look at the timeline (see Overlay.build)
-        overlay = Overlay.build(table, timeline, self.overlay, self._overlay_source or timeline)
-        if overlay != self.overlay:
-            overlay.save(table)
-            self.overlay = overlay
-        self._overlay_source = timeline
-
-    def _garbage(self, table: Table, pending: Sequence[PendingInstant]) -> tuple[int, int]:
+    def _count_garbage(self, table: Table, pending: Sequence[PendingInstant]) -> tuple[int, int]:
         files = size = 0
         current = {p.instant.requested_time for p in pending if p.failed}
-        self.seen.garbage = {k: v for k, v in self.seen.garbage.items() if k in current}
+        self._garbage = {k: v for k, v in self._garbage.items() if k in current}
         for item in pending:
             if not item.failed:
                 continue
             key = item.instant.requested_time
-            if key not in self.seen.garbage:
+            if key not in self._garbage:
                 found = [f for p in planned_files(table, item.instant) if (f := _stat_if_present(table, p))]
-                self.seen.garbage[key] = (len(found), sum(f.size for f in found))
-            files += self.seen.garbage[key][0]
-            size += self.seen.garbage[key][1]
+                self._garbage[key] = (len(found), sum(f.size for f in found))
+            files += self._garbage[key][0]
+            size += self._garbage[key][1]
         return files, size
 
 

@@ -26,7 +26,7 @@ from cowrite.engine.records import COMMIT_TIME, META_COLUMNS
 from cowrite.errors import CheckpointArchivedError, CowriteError
 from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import check_time
-from cowrite.format.overlay import CommitEntry, Overlay, entries_of, newest_files
+from cowrite.format.overlay import CommitEntry, Overlay, entries_of, newest_files, read_since
 from cowrite.format.table import Table
 from cowrite.format.timeline import InstantRange, Timeline, archived
 
@@ -115,14 +115,19 @@ def pull(
     :class:`CheckpointArchivedError` instead of a pull that silently skips them.
     """
     if mode is PullMode.OVERLAY:
-        overlay = Overlay.load(table)
+        # Only the daemon's log, and of it only the files that can hold commits completed after the
+        # checkpoint: the daemon parsed every commit before it logged it, and the log records how far
+        # archival went (read_since refuses an older checkpoint), so neither the timeline nor the archive
+        # is read. Rows come from the base files the entries name, as below.
+        overlay = read_since(table.storage, checkpoint)
         if overlay is None:
             raise CowriteError(
                 f"{table.uri} has no END_COMMIT_TIME overlay yet; is `cowrite daemon` serving it?"
             )
-        table.read_timeline(table.verified)
-        entries = overlay.since(checkpoint)
+        entries = list(overlay.entries)
         new_checkpoint = watermark(table, overlay) if entries else checkpoint
+        rows = _read_entries(table, entries, None, with_meta)
+        return Pull(rows, new_checkpoint, tuple(e.requested_time for e in entries))
     elif mode is PullMode.COMPLETION_TIME:
         # Two looks (see watermark): the commits are read from a second listing. A commit archived after
         # that listing was taken is read past (Table.read_timeline): _refuse_if_archived below still sees it.
@@ -165,7 +170,7 @@ def watermark(table: Table, overlay: Overlay | None = None) -> str | None:
     every write still pending completes after it. None: nothing has completed yet.
 
     It is the newest completion time of one look at the timeline: ``overlay``'s (the daemon's look,
-    :meth:`Overlay.build`), else a listing taken now. The look itself may lack earlier commits — a listing
+    as its log records it), else a listing taken now. The look itself may lack earlier commits — a listing
     taken while commits land can show a later commit without an earlier one — so read the commits from a
     later listing. Completion times are taken under the table lock, each above every earlier one, and
     a commit's completed file exists before the lock is released: a commit that completed before the

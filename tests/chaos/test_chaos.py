@@ -638,8 +638,9 @@ def _commit(transaction: Transaction, metadata: object) -> None:
 
 
 def _caught_up(service: TableService, table: Table) -> None:
-    """Two polls bring the overlay up to the latest commit: the follower sees what finished before the
-    first, and the watermark is that of the look before (see ``Overlay.build``)."""
+    """A poll brings the overlay up to the latest commit it saw completed: the watermark is that of its
+    first look at the timeline, and a second look finds what completed before it (see
+    ``cowrite.daemon.service``). Two polls, so that what completed during the first is in too."""
     service.poll()
     service.poll()
     latest = max((i.completion_time or "" for i in table.timeline().data_commits()), default="")

@@ -28,6 +28,7 @@ from support.tables import rows
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.service import Daemon
 from cowrite.format.instant import from_millis, to_millis
+from cowrite.format.overlay import Kind, LogFile
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
@@ -88,8 +89,8 @@ def test_the_daemon_survives_corrupt_files_and_deletes_no_committed_file(
         table.storage.write(f"{TIMELINE_DIR}/{later}.rollback.requested", data)
     elif kind == "clean-plan":
         table.storage.write(f"{TIMELINE_DIR}/{later}.clean.requested", data)
-    elif kind == "overlay":
-        table.storage.write(".hoodie/.cowrite/end_commit_time.json", data)
+    elif kind == "overlay":  # the log's first file, as if it had been written and then damaged
+        table.storage.write(LogFile(latest, 0, None, Kind.SNAPSHOT).path, data)
     else:
         table.storage.write(f"{TIMELINE_DIR}/{later}.commit.requested", b"")
         table.storage.write(f"{TIMELINE_DIR}/{later}.inflight", data)

@@ -39,7 +39,7 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import list_base_files
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.format.overlay import OVERLAY_PATH, CommitEntry, Overlay
+from cowrite.format.overlay import CommitEntry, Kind, LogFile, LogRecord
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
@@ -347,7 +347,8 @@ def test_readers_never_read_outside_the_table(table: Table, sentinel: Path) -> N
         forged = CommitEntry(
             done.requested_time, done.completion_time or "", "commit", (("p0", "f-0", path),), ()
         )
-        table.storage.write(OVERLAY_PATH, Overlay((forged,), done.completion_time, None).to_bytes())
+        snapshot = LogFile(done.completion_time, 0, None, Kind.SNAPSHOT)
+        table.storage.write(snapshot.path, LogRecord(snapshot, None, None, (forged,)).to_bytes())
         with pytest.raises(StorageError, match="refusing path"):
             read.pull(table, None, read.PullMode.OVERLAY)
     stat = WriteStat("f-0", "../sentinel", "p0", "null", 1, 1, 0, 0, 1)

@@ -1,9 +1,10 @@
-"""Following a timeline: one listing, then only what changed.
+"""Following a timeline: one listing, then only what changed, reported as events the state folds.
 
 On local disk the storage keeps the listing current from inotify events and never lists again; on object
-stores (memory, S3) the follower lists once per poll. Either way it reports only names it has not seen.
-One body per scenario runs on every backend; the only difference the tests allow is how many listings
-each needed.
+stores (memory, S3) the follower lists once per look, and only the names after its start point: the
+oldest pending instant, or the newest instant two looks ago. Either way it reports only names it has not
+seen. One body per scenario runs on every backend; the only difference the tests allow is what each
+needed to list.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import pyarrow as pa
 import pytest
 
 from cowrite.cleaner import rollback_failed, service_lock
+from cowrite.daemon.events import Change
 from cowrite.daemon.follow import TimelineFollower
+from cowrite.daemon.state import TableState
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.instant import Instant
+from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.transaction import Transaction, WriteOptions
-from cowrite.storage.backend import LocalStorage
+from cowrite.storage.backend import FileInfo, LocalStorage
 
 WAIT = 20.0  # bound of any wait for events; a healthy run needs milliseconds
 
@@ -41,18 +44,28 @@ def table(storage_uri: str, storage_options: dict[str, Any]) -> Table:
 
 class Counted:
     """The follower's own view of the table, through a storage that records what it really listed (on
-    local disk a kept listing is no listing)."""
+    local disk a kept listing is no listing): the directory, and the name it listed after."""
 
     def __init__(self, table: Table, storage_options: dict[str, Any]) -> None:
         self.table = Table.load(table.uri, **storage_options)
-        self.listed: list[str] = []
-        names = self.table.storage.names
+        self.listed: list[tuple[str, str]] = []
+        storage = self.table.storage
+        names, list_after = storage.names, storage.list_after
 
-        def counted(directory: str = "") -> list[str]:
-            self.listed.append(directory)
+        def counted_names(directory: str = "") -> list[str]:
+            self.listed.append((directory, ""))
             return names(directory)
 
-        self.table.storage.names = counted  # type: ignore[method-assign]
+        def counted_after(directory: str, after: str) -> list[FileInfo]:
+            self.listed.append((directory, after))
+            return list_after(directory, after)
+
+        storage.names = counted_names  # type: ignore[method-assign]
+        storage.list_after = counted_after  # type: ignore[method-assign]
+
+    def timeline_listings(self) -> list[str]:
+        """The names the timeline was listed after, one per listing."""
+        return [after for directory, after in self.listed if directory == TIMELINE_DIR]
 
 
 @pytest.fixture
@@ -68,10 +81,6 @@ def listed(table: Table) -> set[str]:
     return {info.name for info in table.storage.list(TIMELINE_DIR)}
 
 
-def names(instants: list[Instant]) -> list[str]:
-    return sorted(i.file_name for i in instants)
-
-
 def files_of(commit: Instant) -> list[str]:
     """The timeline files of a completed commit, sorted."""
     time = commit.requested_time
@@ -79,41 +88,44 @@ def files_of(commit: Instant) -> list[str]:
 
 
 class Tail:
-    """Polls a follower and counts the polls."""
+    """A follower and the state it feeds; counts the looks."""
 
-    def __init__(self, follower: TimelineFollower) -> None:
-        self.follower = follower
-        self.polls = 0
+    def __init__(self, table: Table) -> None:
+        self.follower = TimelineFollower(table)
+        self.state = TableState()
+        self.looks = 0
 
-    def poll(self, table: Table) -> tuple[list[str], list[str]]:
-        """One poll, which must find the follower current (no waiting: what finished before it is seen);
-        the names created and deleted."""
-        created, deleted = self.follower.poll()
-        self.polls += 1
-        assert list(self.follower.timeline) == list(table.timeline())
-        return names(created), names(deleted)
+    def look(self, table: Table) -> tuple[list[str], list[str]]:
+        """One look, which must leave the state current (no waiting: what finished before it is seen); the
+        names that appeared and vanished."""
+        events = self.follower.look(self.state)
+        for event in events:
+            self.state.apply(event)
+        self.looks += 1
+        assert list(self.state.timeline) == list(table.timeline())
+        created = sorted(e.file.file_name for e in events if e.change is not Change.REMOVED)
+        removed = sorted(e.file.file_name for e in events if e.change is Change.REMOVED)
+        return created, removed
 
     def check_listings(self, table: Table, counted: Counted) -> None:
         """Local disk: the first look at most (another reader in this process may have made it). Object
-        stores: one more listing per poll."""
-        timeline = [d for d in counted.listed if d == TIMELINE_DIR]
+        stores: one listing per look."""
         if isinstance(table.storage, LocalStorage):
-            assert len(timeline) <= 1
+            assert len(counted.timeline_listings()) <= 1
         else:
-            assert len(timeline) == 1 + self.polls
+            assert len(counted.timeline_listings()) == self.looks
 
 
 def test_follows_commits_and_a_rollback_without_relisting(table: Table, counted: Counted) -> None:
     writer = LocalWriter(table)
     first = writer.insert(rows([1]))
-    follower = TimelineFollower(counted.table)
-    assert names(follower.start()) == sorted(listed(table))
+    tail = Tail(counted.table)
+    assert tail.look(table) == (sorted(listed(table)), [])
     assert len(listed(table)) == 3  # requested, inflight, completed of the first commit
-    tail = Tail(follower)
-    assert tail.poll(table) == ([], [])
+    assert tail.look(table) == ([], [])
 
     commits = [writer.insert(rows([n], p=f"p{n}")) for n in range(2, 6)]
-    created, deleted = tail.poll(table)
+    created, deleted = tail.look(table)
     assert created == sorted(name for c in commits for name in files_of(c))
     assert deleted == []
 
@@ -123,17 +135,16 @@ def test_follows_commits_and_a_rollback_without_relisting(table: Table, counted:
     dead.plan(CommitMetadata("insert", ()))
     assert dead.heartbeat is not None
     dead.heartbeat.stop(delete=False)
-    created, deleted = tail.poll(table)
+    created, deleted = tail.look(table)
     assert created == [f"{dead.instant_time}.commit.requested", f"{dead.instant_time}.inflight"]
     [done] = rollback_failed(table, service_lock(table), HeartbeatPolicy(), now=time.time() + 3600)
-    created, deleted = tail.poll(table)
+    created, deleted = tail.look(table)
     assert created == sorted(
         [f"{done.rollback.requested_time}.rollback.requested", done.rollback.file_name]
     )
     assert deleted == [f"{dead.instant_time}.commit.requested", f"{dead.instant_time}.inflight"]
 
-    assert list(follower.timeline) == list(table.timeline())
-    assert [i.requested_time for i in follower.timeline.data_commits()] == [
+    assert [i.requested_time for i in tail.state.timeline.data_commits()] == [
         first.requested_time,
         *(c.requested_time for c in commits),
     ]
@@ -141,30 +152,99 @@ def test_follows_commits_and_a_rollback_without_relisting(table: Table, counted:
 
 
 def test_hidden_and_foreign_files_are_not_instants(table: Table, counted: Counted) -> None:
-    follower = TimelineFollower(counted.table)
-    assert follower.start() == []
-    tail = Tail(follower)
+    tail = Tail(counted.table)
+    assert tail.look(table) == ([], [])
     # temporary files of atomic writes are hidden names; other tools may leave checksums or notes
     table.storage.write(f"{TIMELINE_DIR}/.20260101000000000.commit.requested.tmp", b"")
     table.storage.write(f"{TIMELINE_DIR}/20260101000000000.commit.crc", b"")
     table.storage.write(f"{TIMELINE_DIR}/NOTES.txt", b"not an instant")
     sentinel = LocalWriter(table).insert(rows([1]))
-    created, deleted = tail.poll(table)
+    created, deleted = tail.look(table)
     assert created == files_of(sentinel)
     assert deleted == []
     tail.check_listings(table, counted)
 
 
-def test_a_poll_reports_only_new_names(table: Table, counted: Counted) -> None:
+def test_a_look_reports_only_new_names(table: Table, counted: Counted) -> None:
     writer = LocalWriter(table)
     writer.insert(rows([1]))
-    follower = TimelineFollower(counted.table)
-    follower.start()
-    tail = Tail(follower)
-    assert tail.poll(table) == ([], [])
+    tail = Tail(counted.table)
+    tail.look(table)
+    assert tail.look(table) == ([], [])
     second = writer.insert(rows([2]))
-    created, deleted = tail.poll(table)
+    created, deleted = tail.look(table)
     assert created == files_of(second)
     assert deleted == []
-    assert tail.poll(table) == ([], [])
+    assert tail.look(table) == ([], [])
     tail.check_listings(table, counted)
+
+
+@pytest.mark.parametrize("storage_uri", ["memory", "s3"], indirect=True)
+def test_object_stores_list_after_the_oldest_pending_instant_or_the_newest_two_looks_ago(
+    table: Table, counted: Counted
+) -> None:
+    writer = LocalWriter(table)
+    history = [writer.insert(rows([n], p=f"p{n}")) for n in range(3)]
+    tail = Tail(counted.table)
+    tail.look(table)
+    tail.look(table)  # the look after the first is whole too: the first may have missed a claim
+    tail.look(table)
+    newest = history[-1].requested_time
+    pending = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    tail.look(table)  # shows the pending write
+    later = writer.insert(rows([9], p="p9"))
+    tail.look(table)  # the newest two looks ago is still older than the pending write
+    tail.look(table)
+    assert counted.timeline_listings() == ["", "", newest, newest, newest, pending.instant_time]
+    assert pending.heartbeat is not None
+    pending.heartbeat.stop()
+    assert tail.state.oldest_pending == pending.instant_time
+    assert later.requested_time > pending.instant_time
+
+
+@pytest.mark.parametrize("storage_uri", ["memory", "s3"], indirect=True)
+def test_an_instant_a_listing_missed_is_found_by_the_next_look(
+    table: Table, counted: Counted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing is no snapshot: one taken while instants land may miss one and show a later one. The
+    missed one sorts after everything known two looks ago, where the next look starts."""
+    writer = LocalWriter(table)
+    writer.insert(rows([1]))
+    tail = Tail(counted.table)
+    tail.look(table)
+    tail.look(table)
+    missed, later = writer.insert(rows([2], p="p2")), writer.insert(rows([3], p="p3"))
+    list_after = counted.table.storage.list_after
+
+    def torn(directory: str, after: str) -> list[FileInfo]:  # the listing passed ``missed`` too early
+        return [i for i in list_after(directory, after) if missed.requested_time not in i.name]
+
+    monkeypatch.setattr(counted.table.storage, "list_after", torn)
+    events = tail.follower.look(tail.state)
+    for event in events:
+        tail.state.apply(event)
+    assert {e.file.requested_time for e in events} == {later.requested_time}
+    monkeypatch.undo()
+    created, _ = tail.look(table)
+    assert created == files_of(missed)
+    assert tail.state.timeline.get(missed.requested_time) == missed
+
+
+def test_the_state_shows_one_instant_per_time_as_every_process_does(table: Table) -> None:
+    """Two actions' claims at one time (a claimant that could not withdraw): the first by name is shown,
+    and removing it shows the other."""
+    writer = LocalWriter(table)
+    writer.insert(rows([1]))
+    tail = Tail(table)
+    tail.look(table)
+    time_ = "20990101000000000"
+    clean = Instant(time_, Action.CLEAN, State.REQUESTED)
+    commit = Instant(time_, Action.COMMIT, State.REQUESTED)
+    for instant in (commit, clean):
+        table.storage.write(table.instant_path(instant), b"")
+    tail.look(table)
+    assert tail.state.timeline.get(time_) == clean  # "….clean.requested" < "….commit.requested"
+    table.storage.delete(table.instant_path(clean))
+    tail.look(table)
+    assert tail.state.timeline.get(time_) == commit
+    assert tail.state.oldest_pending == time_

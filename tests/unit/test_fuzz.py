@@ -35,6 +35,7 @@ from support.fuzz import (
 from support.tables import rows
 
 from cowrite.daemon.follow import TimelineFollower
+from cowrite.daemon.state import TableState
 from cowrite.errors import (
     CorruptTimelineError,
     InvalidTablePropertiesError,
@@ -42,7 +43,7 @@ from cowrite.errors import (
 )
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, InvalidInstantError, State, from_millis, to_millis
-from cowrite.format.overlay import CommitEntry, Overlay
+from cowrite.format.overlay import CommitEntry, Kind, LogFile, LogRecord
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan, RollbackResult
 from cowrite.format.table import PROPERTIES_FILE, Table, parse_properties
 from cowrite.format.timeline import TIMELINE_DIR, Timeline, instant_named
@@ -122,10 +123,9 @@ def test_garbage_names_in_the_timeline_are_skipped_with_a_warning(
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         timeline = Timeline.load(table.storage)
-        follower = TimelineFollower(table)
-        followed = follower.start()
+        followed = TimelineFollower(table).look(TableState())
     assert [i.requested_time for i in timeline] == [committed.requested_time]
-    assert {i.requested_time for i in followed} == {committed.requested_time}
+    assert {e.file.requested_time for e in followed} == {committed.requested_time}
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     for name in garbage:
         assert name in warned, f"{name!r} was skipped without a warning"
@@ -302,18 +302,21 @@ def test_rollback_and_clean_files_are_parsed_or_refused(
             assert isinstance(value, str | int) and not isinstance(value, bool), (name, value)
 
 
+OVERLAY_FILE = LogFile(LATER, 1, None, Kind.SEGMENT)
+
+
 def _valid_overlay() -> bytes:
     entry = CommitEntry(
         TIME, LATER, "commit", (("p0", "f1-0", "p0/f1-0_0-0-0_20260101120000000.parquet"),), ()
     )
-    return Overlay((entry,), LATER, None).to_bytes()
+    return LogRecord(OVERLAY_FILE, None, None, (entry,)).to_bytes()
 
 
 @FUZZ
 @given(data=any_bytes() | mutated(_valid_overlay()) | hostile_json())
 def test_overlay_is_parsed_or_refused(data: bytes) -> None:
     try:
-        overlay = Overlay.from_bytes(data, "overlay.json")
+        overlay = LogRecord.from_bytes(data, OVERLAY_FILE, OVERLAY_FILE.name)
     except CorruptTimelineError:
         return
     for entry in overlay.entries:

@@ -28,7 +28,7 @@ from support.daemon import WAIT, wait_until
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.service import Daemon
 from cowrite.format.instant import Instant
-from cowrite.format.overlay import OVERLAY_PATH, Overlay
+from cowrite.format.overlay import head, read_since
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.local import read
@@ -182,7 +182,7 @@ class Scenario:
         """Wait until the daemon's overlay shows the whole timeline."""
         latest = self.table.timeline().latest_completion_time
         wait_until(
-            lambda: (Overlay.load(self.table) or Overlay((), None, None)).watermark == latest,
+            lambda: (found := head(self.table.storage)) is not None and found.watermark == latest,
             "the overlay to catch up",
         )
 
@@ -202,7 +202,7 @@ class Scenario:
         for consumer in self.consumers:
             assert Counter(consumer.commits) == Counter(set(self.written)), consumer.mode  # each once
             assert sorted(consumer.rows) == expected, consumer.mode  # no duplicates, no misses
-        overlay = Overlay.load(self.table)
+        overlay = read_since(self.table.storage, None)
         timeline = self.table.timeline()
         assert overlay is not None
         assert [(e.requested_time, e.completion_time) for e in overlay.entries] == [
@@ -242,7 +242,7 @@ def scenario(table: Table) -> Iterator[Scenario]:
     )
     daemon.start(serve_http=True)
     try:
-        wait_until(lambda: table.storage.exists(OVERLAY_PATH), "the first overlay")
+        wait_until(lambda: head(table.storage) is not None, "the first overlay")
         yield Scenario(table, daemon)
     finally:
         daemon.stop()

@@ -23,6 +23,7 @@ from cowrite.errors import InstantGoneError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import FileSystemView, list_base_files
 from cowrite.format.instant import Action, Instant, State
+from cowrite.format.overlay import read_since
 from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR, archived
 from cowrite.local import read
@@ -259,7 +260,9 @@ def test_a_daemon_poll_follows_commits_archived_after_its_listing(
     service.poll()
     assert (service.status.up, service.status.error) == (True, None)
     assert service.status.instants_by_state == {"completed": 1}
-    assert service.overlay is not None
-    assert [e.requested_time for e in service.overlay.entries] == [commits[-1].requested_time]
+    assert service.overlay is not None  # the log records how far archival went, and has what is left
+    assert service.overlay.archived_through == commits[1].completion_time
+    logged = read_since(table.storage, service.overlay.archived_through)
+    assert logged is not None and [e.requested_time for e in logged.entries] == [commits[-1].requested_time]
     service.poll()
     assert service.status.up and service.status.instants_by_state == {"completed": 1}

@@ -86,14 +86,14 @@ def _lock_files(names: frozenset[str]) -> _LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
     for name in names:
-        parsed = _parse_lock_file(name)
+        parsed = parse_lock_file(name)
         if parsed is not None:
             (released if parsed[1] else acquired).add(parsed[0])
     return _LockFiles(frozenset(acquired), frozenset(released))
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
-def _parse_lock_file(name: str) -> tuple[int, bool] | None:
+def parse_lock_file(name: str) -> tuple[int, bool] | None:
     """(id, whether it is a release) of a lock file's name, None for any other name."""
     match = _LOCK_FILE.fullmatch(name)
     return (int(match.group(1)), match.group(2) == "released") if match else None
@@ -152,7 +152,7 @@ def _describe_release(storage: Storage, lock_id: int) -> str:
     return f"{payload.get('reason', 'released')} by {payload['owner']} at {at}"
 
 
-def _holder_or_unknown(storage: Storage, lock_id: int) -> LockHolder:
+def holder_or_unknown(storage: Storage, lock_id: int) -> LockHolder:
     """The holder of ``lock_id``; a corrupt payload reads as a holder without an instant.
 
     A garbage payload must not wedge every writer: such a holder is judged by the age of its file and
@@ -175,8 +175,22 @@ def _staleness(
 ) -> tuple[str | None, float]:
     """Why the held lock ``lock_id`` is stale (None while its holder counts as alive), and the age of the
     sign of life it was judged by (seconds)."""
+    age = heartbeat_age(storage, holder.instant, now) if holder.instant is not None else None
+    return judge_holder(acquired_at, lock_id, holder, age, policy, now)
+
+
+def judge_holder(
+    acquired_at: float,
+    lock_id: int,
+    holder: LockHolder,
+    heartbeat_age: float | None,
+    policy: HeartbeatPolicy,
+    now: float,
+) -> tuple[str | None, float]:
+    """:func:`_staleness` from what the caller already knows: the age of the holder's heartbeat (None
+    when it has none). The daemon knows it from its listing of the heartbeats."""
     if holder.instant is not None:
-        age = heartbeat_age(storage, holder.instant, now)
+        age = heartbeat_age
         if age is not None:
             if age > policy.tolerance:
                 why = f"heartbeat of {holder.instant} is {age:.1f} s old (tolerance {policy.tolerance} s)"
@@ -189,7 +203,11 @@ def _staleness(
     return None, age
 
 
-def _expire(storage: Storage, lock_id: int, holder: LockHolder, reason: str, reaper: str, at: float) -> bool:
+def expire_lock(
+    storage: Storage, lock_id: int, holder: LockHolder, reason: str, reaper: str, at: float
+) -> bool:
+    """Write ``lock<id>.released`` (reason ``expired``, ``reason`` logged); False if it was released or
+    expired by someone else first."""
     if not _write_release(storage, lock_id, reaper, ReleaseReason.EXPIRED, at):
         return False  # released or expired by someone else meanwhile
     log.warning(
@@ -225,27 +243,27 @@ def expire_stale_lock(
         return None
     try:
         acquired_at = _acquired_at(storage, lock_id)
-        holder = _holder_or_unknown(storage, lock_id)
+        holder = holder_or_unknown(storage, lock_id)
     except FileNotFoundError:
         return None  # garbage-collected after our listing: not the current lock any more
     at = now()
     reason, _ = _staleness(storage, acquired_at, lock_id, holder, policy, at)
-    if reason is None or not _expire(storage, lock_id, holder, reason, reaper, at):
+    if reason is None or not expire_lock(storage, lock_id, holder, reason, reaper, at):
         return None
     return lock_id
 
 
-def collect_garbage(storage: Storage, keep: int = 10) -> int:
+def collect_garbage(storage: Storage, keep: int = 10, names: frozenset[str] | None = None) -> int:
     """Delete the files of released locks whose id is below ``highest id - keep``; return how many.
 
     The highest ids always stay, so ids keep growing from where they were. A lock without its
     ``.released`` file is left alone whatever its id. The ``.acquired`` file goes first: a crash in
     between leaves a lone ``.released``, which reads as released, never a lone ``.acquired``, which would
-    read as held.
+    read as held. ``names``: a listing of the lock directory the caller just made (else it is listed).
     """
     if keep < 0:
         raise ValueError(f"keep must be >= 0, not {keep}")
-    files = _scan(storage)
+    files = _scan(storage) if names is None else _lock_files(names)
     below = files.highest - keep
     deleted = 0
     for lock_id in sorted(files.released):
@@ -416,7 +434,7 @@ class FileSystemLock(TableLock):
             if self._seen is not None and self._seen_file == file:
                 holder = self._seen[1]
             else:
-                holder = _holder_or_unknown(self.storage, lock_id)
+                holder = holder_or_unknown(self.storage, lock_id)
                 self._seen, self._seen_file = (lock_id, holder), file
         except FileNotFoundError:
             return _Outcome.AGAIN  # deleted since the listing: the listing is out of date
@@ -425,7 +443,7 @@ class FileSystemLock(TableLock):
         if reason is None:
             self._alive_until = (lock_id, at + self.heartbeat.tolerance - age)
             return _Outcome.BUSY
-        _expire(self.storage, lock_id, holder, reason, self.holder.owner, at)
+        expire_lock(self.storage, lock_id, holder, reason, self.holder.owner, at)
         return _Outcome.AGAIN
 
     def _timeout_error(self, deadline: float | None) -> LockTimeoutError:
