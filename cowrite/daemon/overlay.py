@@ -79,20 +79,26 @@ class OverlayLog:
         )
 
     def append(self, batch: OverlayAppended) -> LogFile:
-        """Write ``batch`` as the next segment (and a snapshot when one is due). Raises
-        :class:`OverlayLogDamaged` when the file exists already (another daemon writes this log) or
-        compaction finds the log not whole; :class:`~cowrite.errors.StorageError` as storage fails."""
+        """Write ``batch`` as the next segment (and a snapshot when one is due).
+
+        Raises :class:`OverlayLogDamaged` when that file exists already (written by an append whose answer
+        was lost, or by another daemon) or compaction finds the log not whole; storage errors as they come.
+        After any error the log is no longer :attr:`whole`: what was written is unknown, and the caller
+        reads it again (:meth:`load`) before it appends.
+        """
         assert self.head is not None, "append to a loaded or rebuilt log"
-        file = LogFile(batch.watermark, self.head.sequence + 1, batch.archived_through, Kind.SEGMENT)
-        if not self.storage.create_if_absent(file.path, _record(file, batch).to_bytes()):
-            raise OverlayLogDamaged(
-                f"{self.storage.full_path(file.path)} exists: another daemon writes this log"
-            )
-        self.head = file
-        self._tail += batch.entries
-        self._segments += 1
-        if self._segments >= self.snapshot_every:
-            self._compact(batch)
+        try:
+            file = LogFile(batch.watermark, self.head.sequence + 1, batch.archived_through, Kind.SEGMENT)
+            if not self.storage.create_if_absent(file.path, _record(file, batch).to_bytes()):
+                raise OverlayLogDamaged(f"{self.storage.full_path(file.path)} exists already")
+            self.head = file
+            self._tail += batch.entries
+            self._segments += 1
+            if self._segments >= self.snapshot_every:
+                self._compact(batch)
+        except BaseException:
+            self.head = None
+            raise
         return file
 
     def rebuild(self, batch: OverlayAppended, entries: Sequence[CommitEntry]) -> LogFile:
@@ -137,9 +143,7 @@ class OverlayLog:
     ) -> LogFile:
         record = LogRecord(file, batch.fence, batch.archive_seen, entries)
         if not self.storage.create_if_absent(file.path, record.to_bytes()):
-            raise OverlayLogDamaged(
-                f"{self.storage.full_path(file.path)} exists: another daemon writes this log"
-            )
+            raise OverlayLogDamaged(f"{self.storage.full_path(file.path)} exists already")
         self._snapshot = self.head = file
         self._tail = []
         self._segments = 0

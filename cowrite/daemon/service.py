@@ -283,6 +283,8 @@ class TableService:
             # Archival writes its file before it deletes the instants: whatever was archived before the
             # looks at the timeline is in this listing, and the log says so before its watermark passes it.
             self._apply(follower.look_archive(state))
+        if not overlay.whole and state.logged is not None:  # an append whose outcome is unknown
+            self._reload_overlay(table)
         batch = state.overlay_batch(watermark)
         if batch is None:
             return
@@ -299,6 +301,17 @@ class TableService:
         entries = self._all_entries(table, batch.watermark)
         overlay.rebuild(batch, entries)
         state.apply(replace(batch, entries=tuple(entries)))
+
+    def _reload_overlay(self, table: Table) -> None:
+        """Read the log again after an append that failed: what it holds now is what the state folds."""
+        assert self.log is not None
+        try:
+            logged = self.log.load()
+        except OverlayLogDamaged as exc:
+            log.warning(_REBUILDING, table.uri, exc)
+            return
+        if logged is not None:
+            self.state.apply(logged)
 
     def _all_entries(self, table: Table, watermark: str | None) -> list[CommitEntry]:
         """An entry for every data commit on the timeline completed at or before ``watermark``, in

@@ -184,8 +184,10 @@ class TableState:
 
     def _logged(self, event: OverlayAppended) -> None:
         self.logged = replace(event, entries=())
-        for entry in event.entries:
-            self.unlogged.pop(entry.requested_time, None)
+        # The log holds every commit completed up to its watermark (also when this daemon did not see
+        # the append through: its answer was lost, and the log was read again).
+        mark = event.watermark or ""
+        self.unlogged = {t: e for t, e in self.unlogged.items() if e.completion_time > mark}
         if event.archived_through is not None:
             self.archived_through = max(event.archived_through, self.archived_through or "")
         if event.archive_seen is not None:

@@ -1,0 +1,176 @@
+"""What a poll of an S3 table costs the daemon, counted request by request at a proxy in a process of its
+own between the daemon and the S3 server (``bench.proxy.ProxyProcess``): what changed, never the history.
+
+The tables' history is written straight to the S3 server, past the proxy; writers commit the same way.
+Each poll runs in this process (``TableService.poll``), which reaches S3 through the AWS variables, as a
+deployed daemon does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+from prometheus_client import CollectorRegistry
+from support import ROOT
+from support.servers import S3Server
+from support.tables import rows
+
+from cowrite.daemon.config import DaemonConfig, TableEntry
+from cowrite.daemon.metrics import DaemonMetrics
+from cowrite.daemon.service import TableService
+from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.table import Table
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.transaction import Transaction, WriteOptions
+
+sys.path.insert(0, str(ROOT))
+from bench.proxy import ProxyProcess, Request  # noqa: E402
+
+INTERVAL_MS = 1000  # the tables' heartbeat interval: how often an idle poll also looks at the locks
+
+
+@pytest.fixture(scope="module")
+def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
+    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
+        yield running
+
+
+def what(request: Request) -> tuple[str, str]:
+    """A request as (kind, what it is about): the directory listed, or the directory of the file."""
+    url = urlsplit(request.path)
+    if request.kind == "LIST":
+        prefix = parse_qs(url.query)["prefix"][0]
+        return "LIST", prefix.rstrip("/").rsplit("/", 1)[-1]
+    return request.kind, unquote(url.path).rsplit("/", 2)[-2]
+
+
+def history(table: Table, commits: int) -> None:
+    """``commits`` completed commits, a day old, written straight to the S3 server (completed files only:
+    what the timeline shows of an instant once it completed)."""
+    start = int((time.time() - 86_400) * 1000)
+
+    def commit(n: int) -> None:
+        requested, completed = from_millis(start + 10 * n), from_millis(start + 10 * n + 5)
+        path = f"p0/f{n}-0_0-0-0_{requested}.parquet"
+        metadata = CommitMetadata("insert", (WriteStat(f"f{n}-0", path, "p0", "null", 1, 1, 0, 0, 10),))
+        instant = Instant(requested, Action.COMMIT, State.COMPLETED, completed)
+        table.storage.write(table.instant_path(instant), metadata.to_bytes(Action.COMMIT))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(commit, range(commits)))
+
+
+def served(
+    s3_server: S3Server, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch, commits: int
+) -> tuple[Table, TableService]:
+    """A table with ``commits`` of history, and a table service that reaches it through the proxy, polled
+    until it has looked at everything once."""
+    table = Table.create(
+        f"s3://{s3_server.bucket}/requests-{uuid.uuid4().hex}",
+        name="t",
+        record_key_fields=["id"],
+        partition_fields=["part"],
+        storage_options=s3_server.storage_options(),
+    )
+    history(table, commits)
+    for name, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}.items():
+        monkeypatch.setenv(name, value)
+    config = DaemonConfig(
+        tables=(TableEntry(table.uri, settings={keys.HEARTBEAT_INTERVAL_MS.key: str(INTERVAL_MS)}),), port=0
+    )
+    service = TableService(config.tables[0], config, DaemonMetrics(CollectorRegistry(), lambda: []))
+    service.poll()
+    service.poll()
+    assert service.status.up, service.status.error
+    return table, service
+
+
+def poll(service: TableService, proxy: ProxyProcess) -> Counter[tuple[str, str]]:
+    """The requests one poll made."""
+    proxy.reset()
+    service.poll()
+    assert service.status.up, service.status.error
+    return Counter(what(r) for r in proxy.reset())
+
+
+def test_a_poll_costs_what_changed_whatever_the_history(
+    s3_server: S3Server, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after_commits: dict[int, list[Counter[tuple[str, str]]]] = {}
+    for length in (100, 1000):
+        table, service = served(s3_server, proxy, monkeypatch, length)
+        for _ in range(5):  # idle: one listing of the timeline's tail
+            assert poll(service, proxy) == {("LIST", "timeline"): 1}
+        costs = []
+        for k in (1, 3):
+            for n in range(k):
+                LocalWriter(table).insert(rows([f"k{n}"], part=f"p{n}"))
+            costs.append(poll(service, proxy))
+            assert poll(service, proxy) == {("LIST", "timeline"): 1}  # and idle again
+        after_commits[length] = costs
+        assert service.overlay is not None
+        assert service.overlay.watermark == table.timeline().latest_completion_time
+    # k commits: the timeline listed twice (the second look finds what completed before the first look's
+    # newest), the lock directory once, the archive's new files, a read of each commit and of each lock
+    # holder, one segment of the END_COMMIT_TIME log
+    assert (
+        after_commits[100]
+        == after_commits[1000]
+        == [
+            {
+                ("LIST", "timeline"): 2,
+                ("LIST", "locks"): 1,
+                ("LIST", "archive"): 1,
+                ("GET", "timeline"): k,
+                ("GET", "locks"): k,
+                ("PUT", "overlay"): 1,
+            }
+            for k in (1, 3)
+        ]
+    )
+
+
+def test_a_pending_write_costs_its_locks_and_heartbeats_once_per_poll(
+    s3_server: S3Server, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, service = served(s3_server, proxy, monkeypatch, 10)
+    pending = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    assert pending.heartbeat is not None
+    pending.heartbeat.renew()
+    # it appeared: the heartbeat read once (did its writer give up?), the log told the fence
+    assert poll(service, proxy) == {
+        ("LIST", "timeline"): 1,
+        ("LIST", "locks"): 1,
+        ("LIST", ".heartbeat"): 1,
+        ("GET", ".heartbeat"): 1,
+        ("PUT", "overlay"): 1,
+    }
+    assert service.state.fence == pending.instant_time
+    for _ in range(3):  # while it is pending: someone may wait for the lock, and its lease counts
+        assert poll(service, proxy) == {
+            ("LIST", "timeline"): 1,
+            ("LIST", "locks"): 1,
+            ("LIST", ".heartbeat"): 1,
+        }
+    pending.heartbeat.stop()
+
+
+def test_an_idle_table_looks_at_its_locks_once_per_heartbeat_interval(
+    s3_server: S3Server, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody holds or waits for the lock, so it is looked at seldom: a holder that died then is expired
+    an interval later than it could be, and a contender would expire it at once anyway."""
+    _, service = served(s3_server, proxy, monkeypatch, 10)
+    assert poll(service, proxy) == {("LIST", "timeline"): 1}
+    time.sleep(INTERVAL_MS / 1000)
+    assert poll(service, proxy) == {("LIST", "timeline"): 1, ("LIST", "locks"): 1}
+    assert poll(service, proxy) == {("LIST", "timeline"): 1}
