@@ -1,4 +1,5 @@
-"""Exactly once under faults: a streaming ingestion whose driver is killed and restarted, beside a backfill.
+"""Exactly once under faults: a streaming ingestion whose driver is killed and restarted, beside a backfill;
+a streaming consumer reading while writers commit out of requested-time order.
 
 The ingestion is a real Structured Streaming query in a process of its own (``support/streaming_driver.py``)
 upserting JSON files through :func:`cowrite.spark.upsert_each_batch`; the backfill is a writer process
@@ -8,6 +9,10 @@ the lock still held included), after it but before Spark recorded the batch, and
 and restarted from the same checkpoint each time. Afterwards cowrite's reader and hudi-rs see every record
 once with its latest value, each micro-batch is one completed commit, and a rollback pass leaves nothing
 pending. The kill points are drawn from a seed the failure message names (``COWRITE_STREAM_SEED`` replays it).
+
+The consumer is a ``readStream.format("cowrite")`` query in this process, running while four writer
+processes commit, one of them held after writing so that it completes after instants requested later.
+What it hands to ``foreachBatch`` must be the table's history: every record of every commit, once.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.txn import TXN_VERSION_KEY
+from cowrite.spark import options as spark_keys
+from cowrite.spark import register
 
 pytestmark = pytest.mark.slow
 
@@ -173,6 +180,66 @@ def test_a_streaming_ingestion_killed_at_random_points_beside_a_backfill_writes_
     table = run.table()
     rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config), time.time() + 60)
     assert list(run.table().timeline().pending()) == [], f"failed writes were all rolled back {replay}"
+
+
+def test_a_streaming_consumer_reads_every_commit_once_while_four_writers_commit_out_of_order(
+    run: Run, spark: Any
+) -> None:
+    table = new_table(run.uri, properties=run.lease, **run.storage_options)
+    LocalWriter(table).insert(rows(["seed"], "p0", value="seed"))
+    register(spark)
+    received: list[tuple[int, str, str, str]] = []  # batch, id, value, commit time
+    consumer = (
+        spark.readStream.format("cowrite")
+        .option(spark_keys.STORAGE_OPTIONS_JSON.key, json.dumps(run.storage_options))
+        .load(run.uri)
+        .writeStream.foreachBatch(
+            lambda frame, batch: received.extend(
+                (batch, *r) for r in frame.select("id", "value", "_hoodie_commit_time").collect()
+            )
+        )
+        .option("checkpointLocation", str(run.directory / "consumer"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+
+        def writer(name: str, rounds: int, *options: str) -> subprocess.Popen[bytes]:
+            batch = json.dumps({"partition": name, "keys": [f"{name}-a", f"{name}-b"], "value": name})
+            command = [sys.executable, str(Path(writer_process.__file__)), run.uri, "--batch", batch]
+            command += ["--rounds", str(rounds), "--storage-options", json.dumps(run.storage_options)]
+            return run.start(name, [*command, *options])
+
+        ready, go = run.directory / "slow.ready", run.directory / "slow.go"
+        slow = writer("slow", 1, "--pause-at", "written", "--ready-file", str(ready), "--go-file", str(go))
+        _wait_for(ready, "the slow writer to write its files", run, "slow", slow)
+        fast = [writer(f"w{n}", 3) for n in range(3)]
+        for n, process in enumerate(fast):
+            assert process.wait(timeout=WAIT) == 0, run.stderr(f"w{n}")
+        go.touch()
+        assert slow.wait(timeout=WAIT) == 0, run.stderr("slow")
+        consumer.processAllAvailable()
+    finally:
+        consumer.stop()
+
+    commits = run.table().timeline().data_commits()
+    slow_instant = json.loads(ready.read_text())["instant"]
+    later = [i for i in commits if i.requested_time > slow_instant]
+    assert later and all(i.completion_time < commits.get(slow_instant).completion_time for i in later)
+    written = [("seed", "seed"), ("slow-a", "slow"), ("slow-b", "slow")]
+    written += [(f"w{n}-{k}-r{r}", f"w{n}") for n in range(3) for k in "ab" for r in range(3)]
+    assert sorted((key, value) for _, key, value, _ in received) == sorted(written)  # each once
+    # every key was written once: the snapshot is the history, with each record's commit
+    snapshot = read.snapshot(run.table(), with_meta=True).to_pylist()
+    theirs = hudi_rs.snapshot(run.uri, run.storage_options, with_meta=True)
+    for found in (snapshot, theirs):
+        assert sorted((r["id"], r["value"], r["_hoodie_commit_time"]) for r in found) == sorted(
+            r[1:] for r in received
+        )
+    batches: dict[str, set[int]] = {}  # each commit's rows in one micro-batch
+    for batch, *_, commit_time in received:
+        batches.setdefault(commit_time, set()).add(batch)
+    assert all(len(b) == 1 for b in batches.values())
 
 
 def _produce(source: Path) -> dict[str, tuple[str, str]]:
