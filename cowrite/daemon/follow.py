@@ -58,6 +58,7 @@ from cowrite.storage.backend import FileInfo, LocalStorage
 
 log = logging.getLogger(__name__)
 
+_INSERTS = 64  # new names a look inserts one by one into the sorted list of known names; more: sorted anew
 _CHANGES = {
     State.REQUESTED: Change.REQUESTED,
     State.INFLIGHT: Change.INFLIGHT,
@@ -196,15 +197,21 @@ class TimelineFollower:
         return self.table.service_plan(file) is not None
 
     def _remember(self, names: Iterable[str]) -> None:
-        for name in names:
-            if name not in self._known_set:
-                self._known_set.add(name)
+        new = [name for name in names if name not in self._known_set]
+        self._known_set.update(new)
+        if self._kept:  # compared as sets only: no start point, no sorted list
+            return
+        if len(new) > _INSERTS:  # the first looks: one sort, not thousands of inserts into a long list
+            self._known = sorted(self._known_set)
+        else:
+            for name in new:
                 insort(self._known, name)
 
     def _forget(self, names: Collection[str]) -> None:
         if names:
             self._known_set.difference_update(names)
-            self._known = [name for name in self._known if name not in names]
+            if not self._kept:
+                self._known = [name for name in self._known if name not in names]
 
     # -- the archive -----------------------------------------------------------------------------
     def look_archive(self, state: TableState) -> list[Event]:

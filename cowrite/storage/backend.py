@@ -20,13 +20,13 @@ Contract, on every backend:
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import IO, Any, TypeVar
 
 import fsspec
@@ -34,7 +34,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
 from cowrite.errors import StorageError
-from cowrite.process import keep_mapping
+from cowrite.storage import s3
 from cowrite.storage.inotify import NewFiles, listings
 
 T = TypeVar("T")
@@ -51,8 +51,6 @@ except ImportError:
 
 # Temporary files of atomic local writes start with this prefix; listings skip them.
 _TEMP_PREFIX = ".cowrite-tmp-"
-_S3_FILESYSTEMS_KEPT = 32  # distinct S3 locations and credentials a process works with at once
-_S3_PAGE = 1000  # keys per listing request (S3's maximum); tests lower it to see pages joined
 
 
 @dataclass(frozen=True)
@@ -64,27 +62,6 @@ class FileInfo:
     @property
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
-
-
-_S3_FILESYSTEMS: dict[tuple[int, str, tuple[tuple[str, str], ...]], AbstractFileSystem] = keep_mapping(
-    "cowrite.storage.backend._S3_FILESYSTEMS",
-    {},
-    f"{_S3_FILESYSTEMS_KEPT} filesystems, the oldest dropped",
-    "an S3 filesystem holds a client (its service model, a connection pool): one per storage opened "
-    "cost a client's creation each time, and the memory of every one for good. Kept by process, options "
-    "and AWS environment, so a process whose credentials or endpoint variables change gets a new client",
-)
-
-
-def _s3_filesystem(options: dict[str, Any]) -> AbstractFileSystem:
-    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (os.getpid(), json.dumps(options, sort_keys=True, default=repr), environment)
-    fs = _S3_FILESYSTEMS.get(key)
-    if fs is None:
-        if len(_S3_FILESYSTEMS) >= _S3_FILESYSTEMS_KEPT:
-            del _S3_FILESYSTEMS[next(iter(_S3_FILESYSTEMS))]  # the oldest
-        fs = _S3_FILESYSTEMS[key] = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-    return fs
 
 
 class Storage:
@@ -116,7 +93,7 @@ class Storage:
             # Listing caches would hide instants other writers just created.
             options.setdefault("use_listings_cache", False)
         try:
-            fs = _s3_filesystem(options) if protocol == "s3" else fsspec.filesystem(protocol, **options)
+            fs = s3.filesystem(options) if protocol == "s3" else fsspec.filesystem(protocol, **options)
         except (ImportError, ValueError) as exc:
             raise StorageError(f"cannot open storage for {uri}: {exc}") from exc
         root = fs._strip_protocol(uri if protocol != "file" else rest)
@@ -183,13 +160,9 @@ class Storage:
 
     def list_after(self, directory: str, after: str) -> builtins.list[FileInfo]:
         """Files directly inside ``directory`` whose names sort after ``after`` (byte order, as object stores
-        list), sorted by name; empty if the directory does not exist.
-
-        A follower that knows a directory up to some name asks only for what sorts after it: on an object
-        store that is one request for the tail of a long directory (S3's ``StartAfter``), not a page
-        per thousand names.
-        """
-        return sorted((info for info in self.list(directory) if info.name > after), key=_by_name)
+        list), sorted by name; empty if the directory does not exist. For a follower that knows a long
+        directory up to some name: on an object store, a request for its tail, not one per 1,000 names."""
+        return sorted((info for info in self.list(directory) if info.name > after), key=attrgetter("name"))
 
     def list_dirs(self, directory: str = "") -> builtins.list[str]:
         """Relative paths of the sub-directories directly inside ``directory``."""
@@ -265,10 +238,6 @@ class Storage:
 def stays_inside(path: str) -> bool:
     """Whether a relative path names something under the root (no ``..``, not absolute)."""
     return not (path.startswith("/") or "\\" in path or "\0" in path or ".." in path.split("/"))
-
-
-def _by_name(info: FileInfo) -> str:
-    return info.name
 
 
 def _is_temp(name: str) -> bool:
@@ -493,33 +462,10 @@ class S3Storage(Storage):
         return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
 
     def list_after(self, directory: str, after: str) -> builtins.list[FileInfo]:
-        """ListObjectsV2 with ``StartAfter``: the keys after ``after`` only, a page of 1,000 a request."""
-        bucket, _, key = self.full_path(directory).partition("/")
-        prefix = f"{key}/" if key else ""
-
-        def pages() -> builtins.list[FileInfo]:
-            found: builtins.list[FileInfo] = []
-            more: dict[str, str] = {}
-            while True:
-                page = self.fs.call_s3(
-                    "list_objects_v2",
-                    Bucket=bucket,
-                    Prefix=prefix,
-                    Delimiter="/",
-                    StartAfter=prefix + after,
-                    MaxKeys=_S3_PAGE,
-                    **more,
-                )
-                for item in page.get("Contents", ()):
-                    name = item["Key"][len(prefix) :]
-                    if name and not name.startswith(_TEMP_PREFIX):
-                        path = f"{directory}/{name}" if directory else name
-                        found.append(FileInfo(path, int(item["Size"]), item["LastModified"].timestamp()))
-                if not page.get("IsTruncated"):
-                    return found
-                more = {"ContinuationToken": page["NextContinuationToken"]}
-
-        return sorted(self._call(directory, pages), key=_by_name)
+        """One request for the tail of a long directory: ListObjectsV2 with ``StartAfter``."""
+        inside = f"{directory}/" if directory else ""
+        keys = self._call(directory, lambda: s3.keys_after(self.fs, self.full_path(directory), after))
+        return [FileInfo(inside + name, size, at) for name, size, at in keys if not _is_temp(name)]
 
     def read(self, path: str) -> bytes:
         return self._call(path, lambda: self.fs.cat_file(self.full_path(path), max_concurrency=1))

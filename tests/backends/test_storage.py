@@ -467,7 +467,7 @@ def test_an_unreachable_s3_endpoint_raises_storage_error_naming_the_path() -> No
 def test_list_after_returns_the_files_named_after_a_name_sorted(
     storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("cowrite.storage.backend._S3_PAGE", 2)  # S3: the answer joins several pages
+    monkeypatch.setattr("cowrite.storage.s3.PAGE", 2)  # S3: the answer joins several pages
     for name in ["b", "a", "c_y", "c.x", "d"]:
         storage.write(f"dir/{name}", name.encode() * 3)
     storage.write("dir/sub/e", b"")  # in a sub-directory: not a file of dir

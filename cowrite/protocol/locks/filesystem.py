@@ -187,15 +187,12 @@ def judge_holder(
     policy: HeartbeatPolicy,
     now: float,
 ) -> tuple[str | None, float]:
-    """:func:`_staleness` from what the caller already knows: the age of the holder's heartbeat (None
-    when it has none). The daemon knows it from its listing of the heartbeats."""
-    if holder.instant is not None:
-        age = heartbeat_age
-        if age is not None:
-            if age > policy.tolerance:
-                why = f"heartbeat of {holder.instant} is {age:.1f} s old (tolerance {policy.tolerance} s)"
-                return why, age
-            return None, age
+    """:func:`_staleness` from the age of the holder's heartbeat (None: it has none), known already."""
+    if holder.instant is not None and (age := heartbeat_age) is not None:
+        if age > policy.tolerance:
+            why = f"heartbeat of {holder.instant} is {age:.1f} s old (tolerance {policy.tolerance} s)"
+            return why, age
+        return None, age
     age = max(0.0, now - acquired_at)
     if age > policy.tolerance:
         basis = "has no heartbeat" if holder.instant is not None else "holds no instant"
@@ -206,8 +203,7 @@ def judge_holder(
 def expire_lock(
     storage: Storage, lock_id: int, holder: LockHolder, reason: str, reaper: str, at: float
 ) -> bool:
-    """Write ``lock<id>.released`` (reason ``expired``, ``reason`` logged); False if it was released or
-    expired by someone else first."""
+    """Write ``lock<id>.released`` (reason ``expired``); False if someone released it first."""
     if not _write_release(storage, lock_id, reaper, ReleaseReason.EXPIRED, at):
         return False  # released or expired by someone else meanwhile
     log.warning(
