@@ -1,8 +1,9 @@
 """The daemon: how fast it recovers from dead writers and lock holders, and what following many tables costs.
 
-    .venv/bin/python bench/daemon.py            # 7 trials of each death; 10 tables x 10,000 instants, 20 s
-    .venv/bin/python bench/daemon.py --quick    # 3 trials; 10 tables x 1,000 instants, 10 s
-    .venv/bin/python bench/daemon.py --part recovery|following
+    .venv/bin/python bench/daemon.py            # 7 trials of each death; 10 tables x 10,000 instants, 20 s;
+                                                # 100 tables x 1,000 instants on S3 (20 ms a request)
+    .venv/bin/python bench/daemon.py --quick    # 3 trials; 10 tables x 1,000 instants, 10 s; 5 x 100 on S3
+    .venv/bin/python bench/daemon.py --part recovery|following|s3
 
 **Recovery.** One local table served by a ``python -m cowrite daemon`` process (heartbeat 1 s x 2 misses,
 poll every 0.25 s). A trial starts a process that either begins a write (``.requested`` + ``.inflight``,
@@ -14,10 +15,17 @@ write back (completed ``.rollback``, the instant's files gone) or written ``lock
 **Following.** Ten local tables, each with a synthetic but valid timeline of N completed commits (requested,
 inflight and an Avro commit file with one write stat each, written straight to disk), served by one
 daemon process (default poll interval 5 s). It measures the time until ``/readyz`` answers 200 (every table
-loaded, the END_COMMIT_TIME overlay built), then CPU (utime + stime from ``/proc/<pid>/stat``) and RSS
+loaded, the END_COMMIT_TIME log built), then CPU (utime + stime from ``/proc/<pid>/stat``) and RSS
 (``VmRSS``/``VmHWM`` from ``/proc/<pid>/status``) while idle and while a committer appends a few commits per
 second (round-robin over the tables, through the filesystem lock, with heartbeats: the files a writer's
-commit leaves). Last it checks the daemon counted every commit, and how long SIGTERM took to drain.
+commit leaves). Then it checks the daemon counted every commit, measures the overlay's freshness (from a
+commit's completion until the daemon's watermark, as ``/api/tables/<name>/watermark`` serves it, reached it:
+``--rounds`` rounds of a commit per table, each at a moment of chance in the poll cycle), how long SIGTERM
+took to drain, and the time to ready of a restart after SIGTERM and of one after SIGKILL.
+
+**On S3** (``--part s3``): the same on tables of the tests' S3 server (moto) behind the delaying proxy
+(``--delay`` seconds a request): time to ready, RSS, and the requests an idle poll costs (requests
+counted at the proxy over an idle stretch, divided by the polls: its listings of the timelines).
 
 Prints figures; asserts nothing. Exits 1 only if the daemon or a trial process failed.
 """
@@ -39,7 +47,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,7 +58,7 @@ from typing import Any
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis
-from cowrite.format.overlay import OVERLAY_PATH
+from cowrite.format.overlay import OVERLAY_DIR
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
@@ -71,7 +81,14 @@ SCHEMA = json.dumps(
 class DaemonProcess:
     """``python -m cowrite daemon --config FILE``, its HTTP port (announced in its JSON log) and /proc."""
 
-    def __init__(self, work: Path, tables: list[dict[str, Any]], poll: float, name: str = "daemon") -> None:
+    def __init__(
+        self,
+        work: Path,
+        tables: list[dict[str, Any]],
+        poll: float,
+        name: str = "daemon",
+        env: dict[str, str] | None = None,
+    ) -> None:
         lines = ["[server]", "port = 0", "[follow]", f"poll_interval_seconds = {poll}", ""]
         for table in tables:
             lines += ["[[tables]]", *(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in table.items()), ""]
@@ -85,6 +102,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env={**os.environ, **(env or {})},
             )
         self._port: int | None = None
 
@@ -332,15 +350,20 @@ def recovery(work: Path, trials: int, interval: float, misses: int, poll: float)
 # -- following ---------------------------------------------------------------------------------------
 
 
-def generate(uri: str, name: str, instants: int, start_ms: int) -> None:
+def generate(uri: str, name: str, instants: int, start_ms: int, **options: Any) -> None:
     """A timeline of ``instants`` completed commits, 10 ms apart, each a new version of one file group."""
-    table = Table.create(uri, name=name, record_key_fields=["id"], partition_fields=["p"])
+    table = Table.create(
+        uri, name=name, record_key_fields=["id"], partition_fields=["p"], storage_options=options
+    )
+    local = not uri.startswith("s3://")
     timeline = Path(table.storage.full_path(TIMELINE_DIR))
-    timeline.mkdir(parents=True, exist_ok=True)
+    if local:
+        timeline.mkdir(parents=True, exist_ok=True)
     file_id = f"{uuid.uuid4()}-0"
-    previous = "null"
-    for n in range(instants):
+
+    def files(n: int) -> list[tuple[str, bytes]]:
         requested, completed = from_millis(start_ms + 10 * n), from_millis(start_ms + 10 * n + 5)
+        previous = from_millis(start_ms + 10 * (n - 1)) if n else "null"
         path = f"p0/{file_id}_0-0-0_{requested}.parquet"
         stat = WriteStat(
             file_id, path, "p0", previous, 100, 100 if n == 0 else 0, 0 if n == 0 else 100, 0, 40_960
@@ -348,11 +371,24 @@ def generate(uri: str, name: str, instants: int, start_ms: int) -> None:
         metadata = CommitMetadata("insert" if n == 0 else "upsert", (stat,), schema=SCHEMA).to_bytes(
             Action.COMMIT
         )
-        # written directly (no fsync, no temporary file): nothing else touches these tables yet
-        (timeline / f"{requested}.commit.requested").write_bytes(b"")
-        (timeline / f"{requested}.inflight").write_bytes(metadata)
-        (timeline / f"{requested}_{completed}.commit").write_bytes(metadata)
-        previous = requested
+        return [
+            (f"{requested}.commit.requested", b""),
+            (f"{requested}.inflight", metadata),
+            (f"{requested}_{completed}.commit", metadata),
+        ]
+
+    if local:  # written directly (no fsync, no temporary file): nothing else touches these tables yet
+        for n in range(instants):
+            for name_, data in files(n):
+                (timeline / name_).write_bytes(data)
+        return
+    with ThreadPoolExecutor(16) as pool:  # an object store: many PUTs at once
+        list(
+            pool.map(
+                lambda item: table.storage.write(f"{TIMELINE_DIR}/{item[0]}", item[1]),
+                [item for n in range(instants) for item in files(n)],
+            )
+        )
 
 
 class Committer:
@@ -364,7 +400,8 @@ class Committer:
         self.policy = HeartbeatPolicy()
         self.last = 0
 
-    def commit(self) -> None:
+    def commit(self) -> tuple[str, float]:
+        """Append one commit; its completion time, and when (``time.time()``) its completed file was there."""
         storage = self.table.storage
         with FileSystemLock(storage, LockHolder(), self.policy):
             self.last = max(int(time.time() * 1000), self.last + 1)
@@ -390,11 +427,13 @@ class Committer:
             self.last = max(int(time.time() * 1000), self.last + 1)
             done = requested.transition(State.COMPLETED, from_millis(self.last))
             assert storage.create_if_absent(self.table.instant_path(done), metadata)
+            published = time.time()
         heartbeat.stop(delete=True)
+        return done.completion_time or "", published
 
 
 def _measure(
-    daemon: DaemonProcess, seconds: float, action: Callable[[], None] | None, rate: float
+    daemon: DaemonProcess, seconds: float, action: Callable[[], object] | None, rate: float
 ) -> dict[str, float]:
     cpu, started = daemon.cpu_seconds(), time.monotonic()
     peak_rss, commits = 0.0, 0
@@ -414,7 +453,9 @@ def _measure(
     }
 
 
-def following(work: Path, tables: int, instants: int, seconds: float, rate: float, poll: float) -> None:
+def following(
+    work: Path, tables: int, instants: int, seconds: float, rate: float, poll: float, rounds: int
+) -> None:
     print(f"\n== following: {tables} tables x {instants:,} instants, daemon poll {poll} s")
     started = time.monotonic()
     uris = [str(work / f"table{n}") for n in range(tables)]
@@ -433,8 +474,10 @@ def following(work: Path, tables: int, instants: int, seconds: float, rate: floa
             f"  startup: ready after {ready:.1f} s, {daemon.cpu_seconds():.1f} s CPU; "
             f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
         )
-        overlay = sum(os.path.getsize(Path(uri) / OVERLAY_PATH) for uri in uris) / len(uris)
-        print(f"  END_COMMIT_TIME overlay: {overlay / 1e6:.1f} MB per table")
+        overlay = sum(_log_size(uri) for uri in uris) / len(uris)
+        print(
+            f"  END_COMMIT_TIME log: {overlay / 1e6:.1f} MB per table (its snapshot and the segments after)"
+        )
 
         idle = _measure(daemon, seconds / 2, None, 0)
         print(
@@ -467,24 +510,109 @@ def following(work: Path, tables: int, instants: int, seconds: float, rate: floa
             f"  polls skipped because the previous one still ran: {at_ready} while starting, "
             f"{overruns - at_ready} afterwards; error log lines: {len(errors)}"
         )
+        fresh = freshness(daemon, committers, rounds, poll)
+        print(
+            f"  overlay freshness (commit completed -> in the END_COMMIT_TIME log), {len(fresh)} commits: "
+            f"p50 {_percentile(fresh, 50):.2f} s, p99 {_percentile(fresh, 99):.2f} s, max {max(fresh):.2f} s"
+        )
         print(f"  SIGTERM: drained and exited 0 in {daemon.terminate():.2f} s")
     finally:
         daemon.kill()
 
-    # a restart finds its overlays on disk and reads only the commit files they lack
-    daemon = DaemonProcess(
-        work, [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)], poll, "restart"
+    # a restart finds its logs on disk and reads only the commit files they lack; then once more after
+    # a SIGKILL (nothing drained)
+    for how in ("SIGTERM", "SIGKILL"):
+        tables_ = [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)]
+        daemon = DaemonProcess(work, tables_, poll, f"restart-{how}")
+        try:
+            ready = daemon.wait_ready(900)
+            rss, hwm = daemon.memory_mb()
+            print(
+                f"  restart after {how}: ready after {ready:.1f} s, {daemon.cpu_seconds():.1f} s CPU; "
+                f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
+            )
+        finally:
+            daemon.kill()
+
+
+def freshness(daemon: DaemonProcess, committers: list[Committer], rounds: int, poll: float) -> list[float]:
+    """Seconds from each commit's completion until the daemon's watermark (what its log says, as served on
+    /api/tables/<name>/watermark) reached it: ``rounds`` rounds of one commit per table, each at a moment
+    of chance in the daemon's poll cycle."""
+    chance = random.Random(3)
+    delays = []
+    for _ in range(rounds):
+        time.sleep(chance.uniform(0, poll))
+        waiting = {n: committer.commit() for n, committer in enumerate(committers)}
+        deadline = time.monotonic() + 10 * poll + 30
+        while waiting and time.monotonic() < deadline:
+            for n, (completion, published) in list(waiting.items()):
+                status, body = daemon.get(f"/api/tables/table{n}/watermark")
+                if status == 200 and (json.loads(body)["watermark"] or "") >= completion:
+                    delays.append(time.time() - published)
+                    del waiting[n]
+            time.sleep(0.01)
+        if waiting:
+            raise RuntimeError(f"commits of tables {sorted(waiting)} never reached the overlay")
+    return delays
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * percent / 100))]
+
+
+def _log_size(uri: str) -> int:
+    directory = Path(uri) / OVERLAY_DIR
+    return sum(f.stat().st_size for f in directory.iterdir()) if directory.exists() else 0
+
+
+def following_s3(work: Path, tables: int, instants: int, seconds: float, poll: float, delay: float) -> None:
+    """The daemon following tables of the tests' S3 server, each request held ``delay`` seconds by the
+    delaying proxy, which counts them: time to ready, RSS, and what an idle poll costs."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root), str(root / "tests")]
+    from support.servers import S3Server
+
+    from bench.proxy import ProxyProcess
+
+    print(
+        f"\n== following on S3: {tables} tables x {instants:,} instants, {delay * 1000:.0f} ms a request, "
+        f"daemon poll {poll} s"
     )
-    try:
-        ready = daemon.wait_ready(900)
-        rss, hwm = daemon.memory_mb()
-        print(
-            f"  restart: ready after {ready:.1f} s, {daemon.cpu_seconds():.1f} s CPU; "
-            f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
-        )
-        daemon.terminate()
-    finally:
-        daemon.kill()
+    with S3Server() as server, ProxyProcess(server.endpoint_url, delay) as proxy:
+        started = time.monotonic()
+        uris = [f"s3://{server.bucket}/table{n}" for n in range(tables)]
+        start_ms = int((time.time() - 86_400) * 1000)
+        for n, uri in enumerate(uris):  # straight to the server, not through the proxy
+            generate(uri, f"table{n}", instants, start_ms, **server.storage_options())
+        print(f"  generated {3 * instants * tables:,} timeline files in {time.monotonic() - started:.1f} s")
+        env = {**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
+        specs = [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)]
+        daemon = DaemonProcess(work, specs, poll, "s3-daemon", env=env)
+        try:
+            ready = daemon.wait_ready(3600)
+            rss, hwm = daemon.memory_mb()
+            at_ready = len(proxy.reset())
+            print(
+                f"  startup: ready after {ready:.1f} s ({at_ready:,} requests), {daemon.cpu_seconds():.1f} s "
+                f"CPU; RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
+            )
+            time.sleep(2 * poll)  # every table's second poll is behind it
+            proxy.reset()
+            time.sleep(seconds)
+            requests = proxy.reset()
+            polls = sum(r.kind == "LIST" and "%2Ftimeline%2F" in r.path for r in requests)
+            kinds = Counter(r.kind for r in requests)
+            print(
+                f"  idle, {seconds:.0f} s: {len(requests)} requests in {polls} polls "
+                f"= {len(requests) / max(polls, 1):.2f} per poll "
+                f"({', '.join(f'{k} {n}' for k, n in kinds.items())}; "
+                "the lock directory is looked at once per heartbeat interval)"
+            )
+            print(f"  SIGTERM: drained and exited 0 in {daemon.terminate():.2f} s")
+        finally:
+            daemon.kill()
 
 
 def _overruns(daemon: DaemonProcess) -> int:
@@ -495,10 +623,12 @@ def _overruns(daemon: DaemonProcess) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 trials; 1,000 instants per table; 10 s")
-    parser.add_argument("--part", choices=["recovery", "following"], help="run one part only")
+    parser.add_argument("--part", choices=["recovery", "following", "s3"], help="run one part only")
     parser.add_argument("--trials", type=int)
-    parser.add_argument("--tables", type=int, default=10)
-    parser.add_argument("--instants", type=int)
+    parser.add_argument("--tables", type=int, help="tables followed (default 10; on S3 100)")
+    parser.add_argument("--instants", type=int, help="instants per table (default 10,000; on S3 1,000)")
+    parser.add_argument("--rounds", type=int, help="overlay freshness: rounds of one commit per table")
+    parser.add_argument("--delay", type=float, default=0.02, help="S3: seconds the proxy holds each request")
     parser.add_argument("--seconds", type=float, help="steady state with commits (idle: half of it)")
     parser.add_argument("--rate", type=float, default=3.0, help="commits per second during the steady state")
     parser.add_argument("--poll", type=float, default=5.0, help="the daemon's poll interval while following")
@@ -513,7 +643,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in (None, "recovery"):
             recovery(work, trials, interval=1.0, misses=2, poll=0.25)
         if args.part in (None, "following"):
-            following(work, args.tables, instants, seconds, args.rate, args.poll)
+            tables = args.tables or 10
+            following(
+                work, tables, instants, seconds, args.rate, args.poll, args.rounds or (2 if args.quick else 5)
+            )
+        if args.part in (None, "s3"):
+            tables = args.tables or (5 if args.quick else 100)
+            on_s3 = args.instants or (100 if args.quick else 1_000)
+            following_s3(work, tables, on_s3, seconds, args.poll, args.delay)
     except RuntimeError as exc:
         print(f"failed: {exc}", file=sys.stderr)
         return 1
