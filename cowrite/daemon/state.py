@@ -105,25 +105,29 @@ class TableState:
     def _instant(self, event: InstantChanged) -> None:
         file = event.file
         time = file.requested_time
-        files = self._files.setdefault(time, {})
         if event.change is Change.REMOVED:
-            files.pop(file.file_name, None)
             if event.archived and file.is_completed and file.action.writes_data:
                 self.archived_through = max(file.completion_time or "", self.archived_through or "")
-        else:
-            files[file.file_name] = file
-            if event.modified is not None and not file.is_completed:
-                self._signs[time] = max(event.modified, self._signs.get(time, event.modified))
-            if event.service_plan:
-                self._service_plans.add(time)
-            if event.entry is not None:
-                self.unlogged[time] = event.entry
-            if (
-                file.is_completed
-                and self.following
-                and (file.completion_time or "") > (self.latest_completion or "")
-            ):
-                self.counts["commits", file.action.value] += 1  # completion times only grow: a new one
+            known = self._files.get(time)
+            if known is None:  # archived before this daemon saw it
+                return
+            known.pop(file.file_name, None)
+            self._show(time, known)
+            return
+        files = self._files.setdefault(time, {})
+        files[file.file_name] = file
+        if event.modified is not None and not file.is_completed:
+            self._signs[time] = max(event.modified, self._signs.get(time, event.modified))
+        if event.service_plan:
+            self._service_plans.add(time)
+        if event.entry is not None:
+            self.unlogged[time] = event.entry
+        if (
+            file.is_completed
+            and self.following
+            and (file.completion_time or "") > (self.latest_completion or "")
+        ):
+            self.counts["commits", file.action.value] += 1  # completion times only grow: a new one
         self._show(time, files)
 
     def _show(self, time: str, files: dict[str, Instant]) -> None:
