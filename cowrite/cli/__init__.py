@@ -1,5 +1,5 @@
 """The ``cowrite`` command: what operators and scripts use (``main``; the commands live in
-:mod:`.tables`, :mod:`.data` and :mod:`.services`).
+:mod:`.tables`, :mod:`.data`, :mod:`.stream` and :mod:`.services`).
 
 Errors print one line on stderr and exit with a code that says what happened:
 
@@ -14,7 +14,7 @@ Errors print one line on stderr and exit with a code that says what happened:
 ==  ==========================================================================
 """
 
-from cowrite.cli import data, services, tables  # noqa: F401  (each registers its commands)
+from cowrite.cli import data, services, stream, tables  # noqa: F401  (each registers its commands)
 from cowrite.cli.common import (
     EXIT_CONFLICT,
     EXIT_ERROR,
