@@ -82,7 +82,7 @@ class TimelineFollower:
         # nothing there, and reconciles by itself.
         self._kept = isinstance(self.storage, LocalStorage)
         self._listed: frozenset[str] | None = None  # the kept listing last compared (local disk)
-        self._known: list[str] = []  # names reported, sorted
+        self._known: list[str] = []  # names reported, sorted (object stores: listed after a start point)
         self._known_set: set[str] = set()
         self._newest_when_last_look_began: str | None = None  # the newest instant two looks ago
         self.full_look_due = True
