@@ -144,9 +144,12 @@ class TimelineFollower:
             and file.requested_time not in state.unlogged
         ]
         entries, gone = self._entries(commits)
+        # An instant that appears completed needs no events for its earlier files: the state shows the
+        # latest, and the first look at a long timeline would otherwise fold (and stat) three files each.
+        done = {(f.requested_time, f.action) for name, f in files if f.is_completed and name not in gone}
         events = []
         for name, file in files:
-            if name in gone:
+            if name in gone or (not file.is_completed and (file.requested_time, file.action) in done):
                 continue
             info = infos.get(name) if infos is not None else None
             events.append(

@@ -28,7 +28,7 @@ from cowrite.daemon.events import (
     LockReleased,
     OverlayAppended,
 )
-from cowrite.format.instant import Instant, State
+from cowrite.format.instant import Action, Instant, State
 from cowrite.format.overlay import CommitEntry
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import HeartbeatPolicy
@@ -63,7 +63,8 @@ class TableState:
     def __init__(self) -> None:
         self.following = False
         # -- the timeline: one instant per requested time, in its latest state
-        self._files: dict[str, dict[str, Instant]] = {}  # requested time -> file name -> what it names
+        # requested time -> its files, each as the instant it names (keyed by what tells two files apart)
+        self._files: dict[str, dict[_FileKey, Instant]] = {}
         self._visible: dict[str, Instant] = {}
         self._pending: set[str] = set()
         self._signs: dict[str, float] = {}  # pending time -> newest modification of its timeline files
@@ -111,11 +112,11 @@ class TableState:
             known = self._files.get(time)
             if known is None:  # archived before this daemon saw it
                 return
-            known.pop(file.file_name, None)
+            known.pop(_key(file), None)
             self._show(time, known)
             return
         files = self._files.setdefault(time, {})
-        files[file.file_name] = file
+        files[_key(file)] = file
         if event.modified is not None and not file.is_completed:
             self._signs[time] = max(event.modified, self._signs.get(time, event.modified))
         if event.service_plan:
@@ -130,11 +131,14 @@ class TableState:
             self.counts["commits", file.action.value] += 1  # completion times only grow: a new one
         self._show(time, files)
 
-    def _show(self, time: str, files: dict[str, Instant]) -> None:
+    def _show(self, time: str, files: dict[_FileKey, Instant]) -> None:
         """Make ``time`` show its latest file (of two in one state, the first by name, as every process
         shows it: see :class:`~cowrite.format.timeline.Timeline`)."""
         before = self._visible.get(time)
-        after = min(files.values(), key=_latest_first) if files else None
+        if len(files) < 2:
+            after = next(iter(files.values()), None)
+        else:
+            after = min(files.values(), key=_latest_first)
         if after == before:
             return
         self._timeline = None
@@ -265,6 +269,14 @@ class TableState:
         if logged is not None and not entries and replace(batch, entries=()) == logged:
             return None
         return batch
+
+
+_FileKey = tuple[State, Action, str | None]
+
+
+def _key(file: Instant) -> _FileKey:
+    """What tells one timeline file of a time from another, cheaper to make than its name."""
+    return file.state, file.action, file.completion_time
 
 
 def _latest_first(instant: Instant) -> tuple[int, str]:

@@ -145,15 +145,15 @@ class LogRecord:
                 "fence": self.fence,
             }
         )
-        return f'{head[:-1]}, "entries": [{", ".join(e.encoded for e in self.entries)}]}}'.encode()
+        return head[:-1].encode() + _ENTRIES + ", ".join(e.encoded for e in self.entries).encode() + b"]}"
 
     @classmethod
-    def from_bytes(cls, data: bytes, file: LogFile, path: str) -> LogRecord:
+    def from_bytes(cls, data: bytes, file: LogFile, path: str, entries: bool = True) -> LogRecord:
         """Parse a file of the log; :class:`CorruptTimelineError` naming ``path`` if it is not one, or not
-        the one its name says."""
+        the one its name says. Without ``entries``, only what it says besides them is read and checked."""
         try:
-            payload = json.loads(data)
-            entries = tuple(
+            payload = json.loads(data if entries else _head(data))
+            found = tuple(
                 CommitEntry(
                     check_time(e["requested_time"]),
                     check_time(e["completion_time"]),
@@ -161,8 +161,10 @@ class LogRecord:
                     tuple((str(p), str(f), str(x)) for p, f, x in e["written"]),
                     tuple((str(p), str(f)) for p, f in e["replaced"]),
                 )
-                for e in payload["entries"]
+                for e in (payload["entries"] if entries else ())
             )
+            if not isinstance(payload["entries"], list):
+                raise TypeError("entries is not a list")
             fence, seen = payload["fence"], payload["archive_seen"]
             if fence is not None:
                 check_time(fence)
@@ -171,11 +173,21 @@ class LogRecord:
             named = (file.watermark, file.sequence, file.archived_through)
             if (payload["watermark"], payload["sequence"], payload["archived_through"]) != named:
                 raise ValueError("its content is not what its name says")
-            if any(file.watermark is None or e.completion_time > file.watermark for e in entries):
+            if any(file.watermark is None or e.completion_time > file.watermark for e in found):
                 raise ValueError("an entry completed after its watermark")
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CorruptTimelineError(path, f"not a file of the END_COMMIT_TIME overlay ({exc})") from None
-        return cls(file, fence, seen, entries)
+        return cls(file, fence, seen, found)
+
+
+_ENTRIES = b', "entries": ['
+
+
+def _head(data: bytes) -> bytes:
+    """A file of the log without its entries, as JSON: what :meth:`LogRecord.to_bytes` writes before them
+    (a restart reads a snapshot for it, and decoding ten thousand entries would be most of the restart)."""
+    at = data.find(_ENTRIES)
+    return data[:at] + b', "entries": []}' if at >= 0 else data
 
 
 @dataclass(frozen=True)
@@ -222,9 +234,10 @@ def _order(file: LogFile) -> tuple[int, bool]:
     return file.sequence, file.kind is Kind.SNAPSHOT
 
 
-def read_record(storage: Storage, file: LogFile) -> LogRecord:
-    """One file of the log; :class:`FileNotFoundError` if it was deleted since it was listed."""
-    return LogRecord.from_bytes(storage.read(file.path), file, storage.full_path(file.path))
+def read_record(storage: Storage, file: LogFile, entries: bool = True) -> LogRecord:
+    """One file of the log (``entries``: with them); :class:`FileNotFoundError` if it was deleted since
+    it was listed."""
+    return LogRecord.from_bytes(storage.read(file.path), file, storage.full_path(file.path), entries)
 
 
 def read_records(storage: Storage, files: Sequence[LogFile]) -> list[LogRecord]:
