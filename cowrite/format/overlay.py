@@ -47,9 +47,6 @@ OVERLAY_DIR = ".hoodie/.cowrite/overlay"
 # Where versions before the log kept the whole overlay in one file, rewritten on every change. A daemon
 # that finds no log builds one from the timeline and deletes this file.
 LEGACY_OVERLAY_PATH = ".hoodie/.cowrite/end_commit_time.json"
-# The name the streaming source (cowrite.spark.source) still checks the overlay's age by: nothing writes
-# it any more, so the source takes its watermark from the timeline until it asks head() instead.
-OVERLAY_PATH = LEGACY_OVERLAY_PATH
 
 _NO_TIME = "0" * 17
 _NAME = re.compile(r"([0-9]{17})-([0-9]{12})-([0-9]{17})\.(segment|snapshot)\.json")
@@ -256,13 +253,6 @@ class Overlay:
     watermark: str | None  # every data commit completed at or before it is in the log
     archived_through: str | None
     read: tuple[str, ...]  # names of the log files read for it
-
-    @classmethod
-    def load(cls, table: Table) -> Overlay | None:
-        """The log's watermark, without entries (:func:`head`): what the streaming source asks of the
-        overlay (``cowrite.spark.source``, which checks the age of :data:`OVERLAY_PATH` first)."""
-        found = head(table.storage)
-        return None if found is None else cls((), found.watermark, found.archived_through, ())
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from pyspark.sql.types import StructType
 import cowrite.spark.options as spark_keys
 from cowrite.errors import BaseFileGoneError, ConfigError, CowriteError, StreamDataLossError
 from cowrite.format.instant import check_time
-from cowrite.format.overlay import OVERLAY_PATH, CommitEntry, Overlay
+from cowrite.format.overlay import CommitEntry, Head, head
 from cowrite.format.table import Table
 from cowrite.format.timeline import InstantRange, archived
 from cowrite.local.read import watermark
@@ -149,25 +149,22 @@ class CowriteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return file_partitions(table, scan, self.schema)
 
     def watermark(self, table: Table) -> str | None:
-        return watermark(table, self.fresh_overlay(table))
+        fresh = self.fresh_log(table)
+        return fresh.watermark if fresh is not None else watermark(table)
 
-    def fresh_overlay(self, table: Table) -> Overlay | None:
-        """The daemon's overlay if it wrote it within the allowed age; otherwise (or if it is unreadable:
-        a warning) None, and the watermark comes from the timeline."""
+    def fresh_log(self, table: Table) -> Head | None:
+        """The head of the daemon's END_COMMIT_TIME log if the daemon wrote it within the allowed age;
+        otherwise (or if it is unreadable: a warning) None, and the watermark comes from the timeline."""
         if self.overlay_max_age <= 0:
             return None
         try:
-            written = table.storage.stat(OVERLAY_PATH).modified
-            if time.time() - written > self.overlay_max_age:
-                return None
-            return Overlay.load(table)
-        except FileNotFoundError:
-            return None
+            found = head(table.storage)
         except CowriteError as exc:
-            log.warning(
-                "the END_COMMIT_TIME overlay of %s is of no use (%s); listing the timeline", table, exc
-            )
+            log.warning("the END_COMMIT_TIME log of %s is of no use (%s); listing the timeline", table, exc)
             return None
+        if found is None or time.time() - found.written > self.overlay_max_age:
+            return None
+        return found
 
     # -- in the tasks -------------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -21,16 +21,17 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.pandas.types import from_arrow_schema
-from support.daemon import Processes, Target, writer
+from support.daemon import Processes, Target, serving, writer
 from support.spark import forget_commit
 from support.tables import rows
 
 from cowrite.cleaner import service_lock
 from cowrite.cleaner.archive import archive
 from cowrite.cleaner.clean import clean
+from cowrite.daemon.config import TableEntry
 from cowrite.errors import StreamDataLossError
 from cowrite.format.instant import Instant
-from cowrite.format.overlay import OVERLAY_PATH, Overlay
+from cowrite.format.overlay import OVERLAY_DIR
 from cowrite.spark import register
 from cowrite.spark.handover import Settings
 from cowrite.spark.reader import plan_snapshot
@@ -273,7 +274,8 @@ def test_the_watermark_comes_from_the_daemons_overlay_only_while_it_is_fresh(tmp
     target = Target(str(tmp_path / "orders"))
     table = target.create()
     first = writer(table).insert(rows(["a"], value="first"))
-    Overlay.build(table, table.timeline()).save(table)  # what the daemon writes
+    with serving(TableEntry(target.uri)):  # its first poll logs the first commit
+        pass
     second = writer(table).insert(rows(["b"], part="p1", value="second"))  # the daemon has not looked yet
     schema = from_arrow_schema(plan_snapshot(table, with_meta=True).schema)
 
@@ -285,5 +287,6 @@ def test_the_watermark_comes_from_the_daemons_overlay_only_while_it_is_fresh(tmp
     assert newest() == completion(second)  # from the timeline
     assert newest(**{max_age: "60000"}) == completion(first)  # from the fresh overlay: behind, never ahead
     an_hour_ago = time.time() - 3600
-    os.utime(table.storage.full_path(OVERLAY_PATH), (an_hour_ago, an_hour_ago))
+    for name in table.storage.names(OVERLAY_DIR):
+        os.utime(table.storage.full_path(f"{OVERLAY_DIR}/{name}"), (an_hour_ago, an_hour_ago))
     assert newest(**{max_age: "60000"}) == completion(second)  # stale: from the timeline again
