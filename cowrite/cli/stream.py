@@ -92,8 +92,9 @@ def stream(
     except CowriteError as exc:
         fail(exc)
     how = "stopped on request" if stop.is_set() else "caught up"
+    batches = f"{done.batches} micro-batch" + ("es" if done.batches != 1 else "")
     click.echo(
-        f"{how}: {done.batches} micro-batches, {done.commits} committed ({done.records} records), "
+        f"{how}: {batches}, {done.commits} committed ({done.records} records), "
         f"{done.committed_before} committed before"
     )
 
