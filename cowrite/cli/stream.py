@@ -40,9 +40,16 @@ if TYPE_CHECKING:  # imports Spark: the command imports it when it runs
     type=click.Choice(["json", "csv", "parquet"]),
     default="json",
     show_default=True,
-    help="json: JSON Lines (*.json, *.jsonl); csv: *.csv; parquet: *.parquet. Other files are ignored.",
+    help="json: JSON Lines (*.json, *.jsonl, *.ndjson); csv: *.csv; parquet: *.parquet. Other files are "
+    "ignored.",
 )
-@click.option("--max-files-per-trigger", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--max-files-per-trigger",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="At most this many files per micro-batch (one commit), oldest first.",
+)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--once", is_flag=True, help="Write the files present now, then exit 0 (Trigger.AvailableNow).")
 @click.option(
@@ -52,7 +59,13 @@ if TYPE_CHECKING:  # imports Spark: the command imports it when it runs
     show_default=True,
     help="Seconds between looks at the directory (without --once).",
 )
-@click.option("--option", "-o", "options", multiple=True, help="Write setting KEY=VALUE (repeatable).")
+@click.option(
+    "--option",
+    "-o",
+    "options",
+    multiple=True,
+    help="Write setting KEY=VALUE, or spark.*=VALUE for the Spark session (repeatable).",
+)
 def stream(
     path: str,
     input_dir: str,
