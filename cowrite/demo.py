@@ -31,15 +31,6 @@ import pyarrow as pa
 import cowrite
 
 _COWRITE = [sys.executable, "-m", "cowrite"]
-# ``cowrite stream ARGS``, stopped for good at its first commit's "published" step (the completed file
-# exists, the lock is still held, Spark has not recorded the micro-batch): it writes the file READY and
-# waits to be killed. A program of its own, as cowrite.held_write is: the demo, which the CLI imports,
-# does not import the CLI.
-_HELD_STREAM = (
-    "import sys; from pathlib import Path; from cowrite import steps; from cowrite.cli import main; "
-    "steps.observe_forever(steps.Pause(steps.Step.PUBLISHED, ready=Path(sys.argv[1]))); "
-    "sys.argv = ['cowrite', 'stream', *sys.argv[2:]]; main()"
-)
 _SPARK = ["--master", "local[1]", "-o", "spark.ui.enabled=false"]
 _FAST_HEARTBEAT = {
     "hoodie.client.heartbeat.interval_in_ms": "1000",
@@ -64,13 +55,7 @@ def _spark_write(
     command = (
         [*_COWRITE, "write", *args]
         if hold_until is None
-        else [
-            sys.executable,
-            "-m",
-            "cowrite.held_write",
-            str(hold_until),
-            *args,
-        ]
+        else [sys.executable, "-m", "cowrite.held", "written", str(hold_until), "write", *args]
     )
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -318,9 +303,9 @@ class _Stream:
         return [self.table_path, *where, *_SPARK, *more]
 
     def start_held(self, ready: Path) -> subprocess.Popen[bytes]:
-        """The stream, running until killed: it stops itself at its first commit (:data:`_HELD_STREAM`)."""
+        """The stream, running until killed: it stops itself at its first commit (:mod:`cowrite.held`)."""
         return subprocess.Popen(
-            [sys.executable, "-c", _HELD_STREAM, str(ready), *self.args()],
+            [sys.executable, "-m", "cowrite.held", "published", str(ready), "stream", *self.args()],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # SIGKILL reaches its JVM through the group

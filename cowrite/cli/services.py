@@ -66,7 +66,8 @@ def daemon(
 @cli.command()
 @click.option("--path", help="Where to create the demo table (default: a new temporary directory).")
 def demo(path: str | None) -> None:
-    """Show concurrent writers, a conflict, a killed writer and incremental reads on a local table."""
+    """Show a streaming ingestion killed and restarted beside a backfill, a conflict, a killed writer rolled
+    back by the daemon, and consumers that read every commit once, on a local table."""
     from cowrite.demo import run
 
     run(path)

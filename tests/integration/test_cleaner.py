@@ -142,8 +142,10 @@ def test_a_killed_writer_process_is_rolled_back_by_the_command(table: Table, tmp
         [
             sys.executable,
             "-m",
-            "cowrite.held_write",  # held once its files are written, until killed
+            "cowrite.held",  # held once its files are written, until killed
+            "written",
             "/nonexistent/release",
+            "write",
             table.uri,
             "--input",
             str(batch),
