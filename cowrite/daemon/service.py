@@ -99,9 +99,7 @@ class TableService:
             try:
                 logged = overlay.load()
             except OverlayLogDamaged as exc:  # the daemon's own files: rebuilt on the first poll
-                log.warning(
-                    "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %s", table.uri, exc
-                )
+                log.warning(_REBUILDING, table.uri, exc)
                 logged = None
             if logged is not None:
                 state.apply(logged)
@@ -292,9 +290,7 @@ class TableService:
             try:
                 overlay.append(batch)
             except OverlayLogDamaged as exc:
-                log.warning(
-                    "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %s", table.uri, exc
-                )
+                log.warning(_REBUILDING, table.uri, exc)
             else:
                 state.apply(batch)
                 return

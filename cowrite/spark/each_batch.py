@@ -28,7 +28,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from cowrite.errors import ConfigError
+from cowrite.errors import ConfigError, TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.protocol.transaction import WriteOptions
@@ -47,7 +47,8 @@ class EachBatch:
     """A ``foreachBatch`` function writing every micro-batch into ``table`` with ``operation``.
 
     ``last`` is the instant of the last micro-batch: the one it committed, or for a batch committed
-    before, the one that did (None if that is no longer on the timeline nor in the archive).
+    before, the one that did (None if that is no longer on the timeline nor in the archive); ``refused``
+    says why the last micro-batch wrote nothing, if it had been committed before.
     """
 
     table: Table
@@ -55,13 +56,16 @@ class EachBatch:
     app_id: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
     last: Instant | None = None
+    refused: TxnAlreadyCommittedError | None = None
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """Write micro-batch ``batch_id``; raises the writer's errors (nothing committed then)."""
+    def __call__(self, df: DataFrame, batch_id: int, source: str | None = None) -> None:
+        """Write micro-batch ``batch_id`` (``source`` names its input in errors; default: the batch);
+        raises the writer's errors (nothing committed then)."""
         txn = Txn(self.app_id or _query_id(df), batch_id)
         options = WriteOptions(config=self.table.config.with_values(self.settings), txn=txn)
-        writer = SparkWriter(self.table, df.sparkSession, options, source=f"micro-batch {batch_id}")
+        writer = SparkWriter(self.table, df.sparkSession, options, source=source or f"micro-batch {batch_id}")
         self.last = writer.write(df, self.operation)
+        self.refused = writer.refused
         if writer.refused is not None:
             log.info("micro-batch %d was committed before: %s", batch_id, writer.refused)
 

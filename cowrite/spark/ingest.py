@@ -17,12 +17,12 @@ the table lacks is added, a value that does not fit is refused naming its column
 Spark's JSON and CSV readers with a schema fixed when the query started, which drop the columns they do
 not know and read a value that does not parse as null.
 
-The batch is then written as :func:`~.each_batch.write_each_batch` writes one, by a
-:class:`~.engine.SparkWriter` (here at hand, to report a batch committed before): one instant carrying the
-txn (query id, batch id), so a batch replayed after its commit landed but before Spark recorded it commits
-nothing. An empty batch (a file without records) writes no instant, as Hudi does. A batch that fails (its
-input refused, a conflict lost past the retries, a lost lease) stops the query and :meth:`Ingestion.run`
-raises that error; nothing of the batch is visible, and the next run from the checkpoint tries it again.
+The batch is then written by an :class:`~.each_batch.EachBatch`, the ``foreachBatch`` helpers' writer: one
+instant carrying the txn (query id, batch id), so a batch replayed after its commit landed but before Spark
+recorded it commits nothing. An empty batch (a file without records) writes no instant, as Hudi does. A batch
+that fails (its input refused, a conflict lost past the retries, a lost lease) stops the query and
+:meth:`Ingestion.run` raises that error; nothing of the batch is visible, and the next run from the checkpoint
+tries it again.
 """
 
 from __future__ import annotations
@@ -43,15 +43,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from cowrite.engine.contract import current_schema
 from cowrite.engine.inputs import read_input
-from cowrite.errors import ConfigError, SchemaError, TxnAlreadyCommittedError
+from cowrite.errors import SchemaError, TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
-from cowrite.protocol.transaction import WriteOptions
-from cowrite.protocol.txn import Txn
-from cowrite.spark.engine import SparkWriter
+from cowrite.spark.each_batch import EachBatch
 from cowrite.spark.errors import translate
 from cowrite.spark.operations import SparkOperation
-from cowrite.spark.sink import QUERY_ID_PROPERTY
 
 __all__ = ["FORMATS", "Ingested", "Ingestion", "Summary"]
 
@@ -123,7 +120,7 @@ class Ingestion:
         self.table = table
         self.reader_format, self.file_names = FORMATS[input_format]
         self.operation = SparkOperation(operation)
-        self.settings = dict(settings or {})
+        self.writes = EachBatch(table, self.operation, settings=dict(settings or {}))
         self.on_batch = on_batch
         self.summary = Summary()
         self.error: BaseException | None = None  # what stopped the query, raised by a micro-batch
@@ -230,15 +227,8 @@ class Ingestion:
             frame = spark.createDataFrame(data) if records else None
         if frame is None:
             return Ingested(batch_id, self.operation.value, paths, 0, None, None)
-        # What write_each_batch does, with the writer at hand: EachBatch only logs a batch committed before.
-        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        if not query_id:
-            raise ConfigError("not called by a streaming query's foreachBatch: no query id")
-        txn = Txn(query_id, batch_id)
-        options = WriteOptions(config=self.table.config.with_values(self.settings), txn=txn)
-        writer = SparkWriter(self.table, spark, options, source=", ".join(Path(p).name for p in paths))
-        instant = writer.write(frame, self.operation)
-        return Ingested(batch_id, self.operation.value, paths, records, instant, writer.refused)
+        self.writes(frame, batch_id, source=", ".join(Path(p).name for p in paths))
+        return Ingested(batch_id, self.operation.value, paths, records, self.writes.last, self.writes.refused)
 
 
 def read_text(paths: Sequence[str], reader_format: str, schema: pa.Schema | None) -> pa.Table:
