@@ -81,14 +81,26 @@ class TimelineFollower:
         # Local disk keeps listings current from the kernel's events: comparing whole listings costs
         # nothing there, and reconciles by itself.
         self._kept = isinstance(self.storage, LocalStorage)
-        self._listed: frozenset[str] | None = None  # the kept listing last compared (local disk)
-        self._known: list[str] = []  # names reported, sorted (object stores: listed after a start point)
+        # Local disk: the kept listing last compared (the storage's own object, no copy), and the names in
+        # it not reported (archived before they were read, or reported removed by the archive while still
+        # listed). What was reported is the one minus the other: the follower keeps no names of its own.
+        self._listed: frozenset[str] | None = None
+        self._unreported: set[str] = set()
+        self._compare = False  # compare the next listing even if it is the same object
+        # Object stores: the names reported, sorted (listed after a start point), and as a set.
+        self._known: list[str] = []
         self._known_set: set[str] = set()
         self._newest_when_last_look_began: str | None = None  # the newest instant two looks ago
         self.full_look_due = True
         self.archive_due = True  # a commit may have been archived without the follower seeing it
         self._lock_names: frozenset[str] | None = None
         self._beats: dict[str, tuple[float, int]] = {}  # instant -> (modification time, size)
+
+    @property
+    def names_held(self) -> int:
+        """How many timeline names the follower keeps itself: on local disk only those listed and not
+        reported (the storage keeps the listing), on object stores every name it reported."""
+        return len(self._unreported) + len(self._known_set)
 
     # -- the timeline ----------------------------------------------------------------------------
     def look(self, state: TableState, full: bool = False) -> list[InstantChanged]:
@@ -102,9 +114,11 @@ class TimelineFollower:
         listed: frozenset[str] | None = None
         if self._kept:
             listed = self.storage.watched_names(TIMELINE_DIR)
-            if listed is self._listed:  # a kept listing is the same object until the directory changes
+            if listed is self._listed and not self._compare:  # the same object until the directory changes
                 return []
-            created, removed = set(listed - self._known_set), self._known_set - listed
+            previous = self._listed or frozenset()
+            created = set(listed - previous) | (self._unreported & listed)
+            removed = set(previous - listed) - self._unreported
         else:
             floor = self._newest_when_last_look_began
             points = [t for t in (floor, state.oldest_pending) if t is not None]
@@ -114,7 +128,7 @@ class TimelineFollower:
             created = set(infos.keys() - self._known_set)
             removed = {name for name in known if name not in infos}
         events, gone = self._appeared(state, sorted(created), infos)  # may raise: then nothing changes
-        self._listed = listed
+        self._listed, self._compare = listed, False
         self.full_look_due = False
         self._newest_when_last_look_began = state.newest  # the events of this look are not applied yet
         for name in sorted(removed):
@@ -123,8 +137,11 @@ class TimelineFollower:
                 events.append(InstantChanged(Change.REMOVED, file))
                 if file.is_completed:
                     self.archive_due = True  # only archival removes a completed instant
-        self._forget(removed)
-        self._remember(name for name in created if name not in gone)
+        if self._kept:
+            self._unreported = gone
+        else:
+            self._forget(removed)
+            self._remember(name for name in created if name not in gone)
         # Completions in the order they happened: the state counts a completion as new only when it is
         # later than every one it knew (an archival that stopped half way may show old ones again).
         events.sort(key=_completion_order)
@@ -202,8 +219,6 @@ class TimelineFollower:
     def _remember(self, names: Iterable[str]) -> None:
         new = [name for name in names if name not in self._known_set]
         self._known_set.update(new)
-        if self._kept:  # compared as sets only: no start point, no sorted list
-            return
         if len(new) > _INSERTS:  # the first looks: one sort, not thousands of inserts into a long list
             self._known = sorted(self._known_set)
         else:
@@ -213,8 +228,7 @@ class TimelineFollower:
     def _forget(self, names: Collection[str]) -> None:
         if names:
             self._known_set.difference_update(names)
-            if not self._kept:
-                self._known = [name for name in self._known if name not in names]
+            self._known = [name for name in self._known if name not in names]
 
     # -- the archive -----------------------------------------------------------------------------
     def look_archive(self, state: TableState) -> list[Event]:
@@ -226,10 +240,13 @@ class TimelineFollower:
             instants = _archived_in(self.storage.read(info.path), self.storage.full_path(info.path))
             for instant in instants:
                 events.append(InstantChanged(Change.REMOVED, instant, archived=True))
-            self._forget({i.file_name for i in instants} & self._known_set)
+            names = {i.file_name for i in instants}
+            if self._kept:
+                self._unreported |= names & (self._listed or frozenset())
+            else:
+                self._forget(names & self._known_set)
             events.append(ArchiveRead(info.name))
-        if self._listed is not None:
-            self._listed = None  # what was forgotten may still be listed (an archival that stopped half way)
+        self._compare = True  # what was reported removed may still be listed (an archival stopped half way)
         return events
 
     # -- locks and heartbeats --------------------------------------------------------------------

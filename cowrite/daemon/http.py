@@ -80,6 +80,8 @@ class TableService(Protocol):
     def table(self) -> Table | None: ...
     @property
     def timeline(self) -> Timeline | None: ...
+    @property
+    def recent_timeline(self) -> Timeline | None: ...
     def poll(self) -> None: ...
     def clean(self) -> None: ...
     def abort_reason(self, instant: str) -> str | None: ...
@@ -188,12 +190,12 @@ class _Handler(BaseHTTPRequestHandler):
         service = self._service(name)
         if service is None:
             return
-        timeline, table = service.timeline, service.table
+        timeline, table = service.recent_timeline, service.table
         if view == "status":
             self._json(_status_json(service))
         elif timeline is None or table is None:
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"table {name} is not loaded: {service.status.error}")
-        elif view == "timeline":
+        elif view == "timeline" and (timeline := service.timeline) is not None:  # unpacked for this request
             self._json(
                 [
                     {

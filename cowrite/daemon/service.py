@@ -26,6 +26,7 @@ are kept current by the kernel's change events, so an idle poll compares two obj
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -68,7 +69,13 @@ _REBUILDING = "rebuilding the END_COMMIT_TIME overlay of %s from its timeline: %
 class TableService:
     """Everything the daemon does for one table."""
 
-    def __init__(self, entry: TableEntry, config: DaemonConfig, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self,
+        entry: TableEntry,
+        config: DaemonConfig,
+        metrics: DaemonMetrics,
+        starting: threading.Lock | None = None,
+    ) -> None:
         self.entry = entry
         self.config = config
         self.metrics = metrics
@@ -86,6 +93,7 @@ class TableService:
         self._locks_looked_at = float("-inf")  # time.monotonic() of the last look at the lock directory
         self._reaper = f"cowrite-daemon@{socket.gethostname()}"
         self._mutex = threading.Lock()  # one job at a time per table
+        self._starting = starting if starting is not None else threading.Lock()  # see _first_poll_turn
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _open(self) -> Table:
@@ -123,8 +131,15 @@ class TableService:
 
     @property
     def timeline(self) -> Timeline | None:
-        """The timeline as the last poll left it; None before the table was opened."""
+        """The whole timeline as the last poll left it, unpacked for the caller; None before the table was
+        opened."""
         return self.state.timeline if self.table is not None else None
+
+    @property
+    def recent_timeline(self) -> Timeline | None:
+        """The newest instants (at least :data:`~cowrite.daemon.state.RECENT`) and every pending one;
+        None before the table was opened."""
+        return self.state.recent_timeline if self.table is not None else None
 
     @property
     def overlay(self) -> OverlayAppended | None:
@@ -135,7 +150,7 @@ class TableService:
     def poll(self) -> None:
         """Follow the table, judge pending writers, expire stale locks, roll back failed writes, append
         to the END_COMMIT_TIME log."""
-        with self._mutex:
+        with self._mutex, self._first_poll_turn():
             try:
                 self._poll()
             except Exception as exc:  # a broken table is reported, never fatal for the daemon
@@ -150,6 +165,18 @@ class TableService:
                     self.table = None  # opened, not served yet: open afresh
             finally:
                 self.polls += 1
+
+    def _first_poll_turn(self) -> contextlib.AbstractContextManager[object]:
+        """What a poll holds while it runs: the daemon's lock for first polls of local tables, nothing else.
+
+        A first poll folds the whole timeline and may build the END_COMMIT_TIME log. On local disk that is
+        CPU work under one interpreter lock: the first polls of many tables run together take as long in
+        all, but their transient memory (names, instants, commit metadata) peaks at once and stays with
+        the process. On an object store a first poll mostly waits for requests: those overlap."""
+        uri = self.entry.uri
+        if self.table is not None or ("://" in uri and not uri.startswith("file://")):
+            return contextlib.nullcontext()
+        return self._starting
 
     def clean(self) -> None:
         with self._mutex:
@@ -396,7 +423,8 @@ class Daemon:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry, self.statuses)
-        self.services = [TableService(entry, config, self.metrics) for entry in config.tables]
+        starting = threading.Lock()  # the first polls of local tables take turns
+        self.services = [TableService(entry, config, self.metrics, starting) for entry in config.tables]
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )

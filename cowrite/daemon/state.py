@@ -6,6 +6,11 @@ overlay still lacks, the counters — is read from it. Nothing here touches stor
 that replays the events of one full look at the table gets the state back (its counters start afresh,
 as Prometheus counters of a new process do).
 
+**What it keeps.** Counts of instants by state, the pending instants, and the newest :data:`RECENT`
+instants in full: what decisions and the page need. Older completed instants are all the state keeps of
+most of a long timeline, so each is packed into 17 bytes (its times and action) instead of an object
+and its dictionaries; :attr:`TableState.timeline` unpacks them when the whole timeline is asked for.
+
 Liveness is the one thing judged rather than folded: a lease is stale once its newest sign of life is
 older than the tolerance *now*, and turns live again if the writer renews it, so it is asked of the state
 with a time (:meth:`TableState.pending_writers`) instead of being an event that would make the state
@@ -14,7 +19,10 @@ depend on when polls happened to run.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from cowrite.daemon.events import (
@@ -34,6 +42,8 @@ from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.liveness import WRITER_ACTIONS, PendingInstant
 from cowrite.protocol.locks import LockHolder
+
+RECENT = 512  # instants kept in full besides the pending ones: the page asks for at most 500
 
 
 @dataclass(frozen=True)
@@ -62,14 +72,17 @@ class TableState:
 
     def __init__(self) -> None:
         self.following = False
-        # -- the timeline: one instant per requested time, in its latest state
+        # -- the timeline: one instant per requested time, in its latest state. The recent times, the
+        # pending ones and those with several files are held in full; the others are packed in _settled.
         # requested time -> its files, each as the instant it names (keyed by what tells two files apart)
         self._files: dict[str, dict[_FileKey, Instant]] = {}
         self._visible: dict[str, Instant] = {}
+        self._settled = _Settled()
+        self._settle_above = 2 * RECENT  # held in full beyond this many: pack the older ones
         self._pending: set[str] = set()
         self._signs: dict[str, float] = {}  # pending time -> newest modification of its timeline files
         self._service_plans: set[str] = set()
-        self._timeline: Timeline | None = None  # built when asked, kept until an instant changes
+        self._recent: Timeline | None = None  # built when asked, kept until an instant changes
         self.by_state: Counter[State] = Counter()
         self.latest_completion: str | None = None
         self.newest: str | None = None  # the newest requested time
@@ -90,6 +103,8 @@ class TableState:
     def apply(self, event: Event) -> None:
         if isinstance(event, InstantChanged):
             self._instant(event)
+            if len(self._visible) > self._settle_above:
+                self._settle()
         elif isinstance(event, ArchiveRead):
             self.archive_seen = max(event.name, self.archive_seen or "")
         elif isinstance(event, LockAcquired):
@@ -106,6 +121,9 @@ class TableState:
     def _instant(self, event: InstantChanged) -> None:
         file = event.file
         time = file.requested_time
+        if time not in self._files and (settled := self._settled.pop(time)) is not None:
+            self._files[time] = {_key(settled): settled}  # held in full while it changes
+            self._visible[time] = settled
         if event.change is Change.REMOVED:
             if event.archived and file.is_completed and file.action.writes_data:
                 self.archived_through = max(file.completion_time or "", self.archived_through or "")
@@ -141,14 +159,14 @@ class TableState:
             after = min(files.values(), key=_latest_first)
         if after == before:
             return
-        self._timeline = None
+        self._recent = None
         if before is not None:
             self.by_state[before.state] -= 1
         if after is None:
             del self._files[time]
             del self._visible[time]
             if time == self.newest:
-                self.newest = max(self._visible, default=None)
+                self.newest = max(max(self._visible, default=""), self._settled.newest or "") or None
         else:
             self._visible[time] = after
             self.by_state[after.state] += 1
@@ -161,6 +179,22 @@ class TableState:
             self._pending.discard(time)
             self._signs.pop(time, None)
             self._service_plans.discard(time)
+
+    def _settle(self) -> None:
+        """Pack the completed instants older than the newest :data:`RECENT` (each alone at its time)."""
+        times = sorted(self._visible)
+        settled = [
+            instant
+            for time in times[:-RECENT]
+            if time not in self._pending
+            and len(self._files[time]) == 1
+            and (instant := self._visible[time]).is_completed
+        ]
+        for instant in settled:
+            del self._files[instant.requested_time]
+            del self._visible[instant.requested_time]
+        self._settled.add(settled)
+        self._settle_above = len(self._visible) + RECENT  # those that stay (several files) count once
 
     def _acquired(self, event: LockAcquired) -> None:
         lock = self.lock
@@ -204,9 +238,27 @@ class TableState:
     # -- what the state says ---------------------------------------------------------------------
     @property
     def timeline(self) -> Timeline:
-        if self._timeline is None:  # sorting tens of thousands of instants every poll would dominate it
-            self._timeline = Timeline(self._visible.values())
-        return self._timeline
+        """The whole timeline: unpacked on each call, and not kept (for a request that asks for it all, and
+        for rebuilding the END_COMMIT_TIME log)."""
+        return Timeline([*self._settled, *self._visible.values()])
+
+    @property
+    def recent_timeline(self) -> Timeline:
+        """The newest :data:`RECENT` instants (or more), and every pending one: its last :data:`RECENT`
+        instants are exactly the timeline's last ones."""
+        if self._recent is None:  # built when asked (the page, every few seconds), kept until a change
+            held = sorted(self._visible)
+            # Packed instants are older than those held when they were packed, unless rollbacks removed
+            # many newer ones since: those among the newest are unpacked for the view.
+            floor = held[-RECENT] if len(held) >= RECENT else ""
+            self._recent = Timeline([*self._visible.values(), *self._settled.since(floor)])
+        return self._recent
+
+    @property
+    def held_in_full(self) -> int:
+        """How many instants the state holds as objects (the others are packed): at most about twice
+        :data:`RECENT`, plus the pending ones and those sharing a time, whatever the timeline's length."""
+        return len(self._visible)
 
     @property
     def pending_instants(self) -> list[Instant]:
@@ -272,6 +324,61 @@ class TableState:
 
 
 _FileKey = tuple[State, Action, str | None]
+_ACTIONS = list(Action)
+
+
+class _Settled:
+    """Completed instants, each alone at its requested time, packed into two arrays sorted by requested
+    time: the requested time as an integer (instant times are 17 digits), and the completion time times
+    four plus the action. Each change replaces both arrays at once, so the HTTP endpoint's threads, which
+    read while a poll folds, see one version or the other."""
+
+    def __init__(self) -> None:
+        self._rows: tuple[array[int], array[int]] = (array("Q"), array("Q"))
+
+    def __len__(self) -> int:
+        return len(self._rows[0])
+
+    def __iter__(self) -> Iterator[Instant]:
+        return iter(self.since(""))
+
+    @property
+    def newest(self) -> str | None:
+        times = self._rows[0]
+        return f"{times[-1]:017d}" if times else None
+
+    def since(self, time: str) -> list[Instant]:
+        """The instants packed at ``time`` or later ("": all), unpacked."""
+        times, rest = self._rows
+        at = bisect_left(times, int(time)) if time else 0
+        return [_unpack(t, r) for t, r in zip(times[at:], rest[at:], strict=True)]
+
+    def add(self, instants: Iterable[Instant]) -> None:
+        """Pack ``instants`` (completed, at times not packed yet)."""
+        times, rest = array("Q", self._rows[0]), array("Q", self._rows[1])
+        for instant in sorted(instants, key=_requested):
+            time = int(instant.requested_time)
+            at = len(times) if not times or time > times[-1] else bisect_left(times, time)
+            times.insert(at, time)
+            completion = int(instant.completion_time or 0)
+            rest.insert(at, completion * len(_ACTIONS) + _ACTIONS.index(instant.action))
+        self._rows = (times, rest)
+
+    def pop(self, time: str) -> Instant | None:
+        """The instant packed at ``time``, unpacked and no longer packed; None when none is."""
+        times, rest = self._rows
+        key = int(time)
+        at = bisect_left(times, key)
+        if at == len(times) or times[at] != key:
+            return None
+        instant = _unpack(key, rest[at])
+        self._rows = (times[:at] + times[at + 1 :], rest[:at] + rest[at + 1 :])
+        return instant
+
+
+def _unpack(time: int, rest: int) -> Instant:
+    completion, action = divmod(rest, len(_ACTIONS))
+    return Instant(f"{time:017d}", _ACTIONS[action], State.COMPLETED, f"{completion:017d}")
 
 
 def _key(file: Instant) -> _FileKey:
@@ -285,3 +392,7 @@ def _latest_first(instant: Instant) -> tuple[int, str]:
 
 def _completion(entry: CommitEntry) -> str:
     return entry.completion_time
+
+
+def _requested(instant: Instant) -> str:
+    return instant.requested_time

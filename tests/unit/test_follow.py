@@ -10,17 +10,18 @@ needed to list.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from cowrite.cleaner import rollback_failed, service_lock
-from cowrite.daemon.events import Change
+from cowrite.daemon.events import Change, InstantChanged
 from cowrite.daemon.follow import TimelineFollower
-from cowrite.daemon.state import TableState
-from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.instant import Action, Instant, State
+from cowrite.daemon.state import RECENT, TableState
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
+from cowrite.format.instant import Action, Instant, State, from_millis
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
@@ -246,3 +247,46 @@ def test_the_state_shows_one_instant_per_time_as_every_process_does(table: Table
     tail.look(table)
     assert tail.state.timeline.get(time_) == commit
     assert tail.state.oldest_pending == time_
+
+
+def test_a_long_timeline_is_held_as_counts_and_a_recent_window(tmp_path: Path) -> None:
+    """What the daemon keeps does not grow with the table's history: after thousands of instants the state
+    holds the newest RECENT (and the pending ones) as objects and packs the others, and the follower on
+    local disk keeps no names of its own (the storage's kept listing is the one copy)."""
+    table = Table.create(
+        str(tmp_path / "long"), name="long", record_key_fields=["id"], partition_fields=["p"]
+    )
+    timeline = Path(table.storage.full_path(TIMELINE_DIR))
+    timeline.mkdir(parents=True, exist_ok=True)
+    count, start = 3 * RECENT, 1_700_000_000_000
+    for n in range(count):  # straight to disk, as bench/daemon.py makes long timelines
+        requested, completed = from_millis(start + 10 * n), from_millis(start + 10 * n + 5)
+        stat = WriteStat("f-0", f"p0/f-0_0-0-0_{requested}.parquet", "p0", "null", 1, 1, 0, 0, 100)
+        metadata = CommitMetadata("insert", (stat,)).to_bytes(Action.COMMIT)
+        (timeline / f"{requested}.commit.requested").write_bytes(b"")
+        (timeline / f"{requested}.inflight").write_bytes(metadata)
+        (timeline / f"{requested}_{completed}.commit").write_bytes(metadata)
+    pending = from_millis(start + 10 * count)
+    (timeline / f"{pending}.commit.requested").write_bytes(b"")
+
+    tail = Tail(table)
+    tail.look(table)  # checks the whole timeline, unpacked, against a listing
+    state = tail.state
+    assert state.held_in_full <= 2 * RECENT + 1
+    assert (state.by_state[State.COMPLETED], state.by_state[State.REQUESTED]) == (count, 1)
+    assert tail.follower.names_held == 0
+    assert list(state.recent_timeline)[-RECENT:] == list(table.timeline())[-RECENT:]
+
+    # a packed instant reported again (a full look, an archival that stopped half way) counts once
+    oldest = next(iter(state.timeline))
+    state.apply(InstantChanged(Change.COMPLETED, oldest))
+    assert state.by_state[State.COMPLETED] == count
+
+    # the oldest instants go (as archival deletes them): packed ones are taken out and counted out
+    gone = sorted(timeline.iterdir())[: 3 * 100]
+    for path in gone:
+        path.unlink()
+    tail.look(table)
+    assert state.by_state[State.COMPLETED] == count - 100
+    assert state.held_in_full <= 2 * RECENT + 1
+    assert tail.follower.names_held == 0
