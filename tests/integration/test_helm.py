@@ -27,7 +27,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 from support import ROOT
 
+from cowrite.daemon.config import DaemonConfig
 from cowrite.daemon.metrics import DaemonMetrics, TableStatus
+from cowrite.daemon.overlay import DEFAULT_SNAPSHOT_EVERY
 
 CHART_DIR = ROOT / "helm" / "cowrite-daemon"
 CI_DIR = CHART_DIR / "ci"
@@ -221,7 +223,7 @@ def test_objects_carry_release_labels_and_namespace(chart: helm.Chart, case: str
         assert labels["app.kubernetes.io/name"] == "cowrite-daemon"
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["helm.sh/chart"] == "cowrite-daemon-0.1.0"
+        assert labels["helm.sh/chart"] == "cowrite-daemon-0.2.0"
         if obj["kind"] not in CRD_KINDS:
             assert obj["metadata"]["namespace"] == NAMESPACE
 
@@ -311,8 +313,19 @@ def test_daemon_toml_is_rendered_from_values(chart: helm.Chart, case: str) -> No
         "commits_retained": values["cleaner"]["commitsRetained"],
     }
     assert config["follow"] == {"poll_interval_seconds": values["follow"]["pollIntervalSeconds"]}
+    assert config["overlay"] == {"snapshot_every": values["overlay"]["snapshotEvery"]}
     expected = [{"uri": t} if isinstance(t, str) else t for t in values["tables"]]
     assert config["tables"] == expected
+
+
+def test_the_overlay_snapshot_setting_reaches_the_daemon(chart: helm.Chart, tmp_path: Path) -> None:
+    """The daemon reads the rendered [overlay] section; the chart's default is the daemon's own."""
+    assert chart.values["overlay"]["snapshotEvery"] == DEFAULT_SNAPSHOT_EVERY
+    for values, expected in ((CASES["tables"], 20), ({}, DEFAULT_SNAPSHOT_EVERY)):
+        path = tmp_path / "daemon.toml"
+        config_map = render(chart, values).one("ConfigMap", "cowrite-daemon")
+        path.write_text(config_map["data"]["daemon.toml"])
+        assert DaemonConfig.load(str(path)).overlay_snapshot_every == expected
 
 
 def test_table_objects_keep_their_keys_and_extra_config_stays_top_level(chart: helm.Chart) -> None:
@@ -629,7 +642,7 @@ def make_parent_chart(tmp_path: Path) -> Path:
     (parent / "templates").mkdir(parents=True)
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: hudi-writer\nversion: 1.0.0\n"
-        "dependencies:\n  - name: cowrite-daemon\n    version: 0.1.0\n"
+        "dependencies:\n  - name: cowrite-daemon\n    version: 0.2.0\n"
     )
     (parent / "values.yaml").write_text("cowrite-daemon:\n  mode: sidecar\n  tables: [s3://lake/orders]\n")
     (parent / "templates" / "deployment.yaml").write_text(PARENT_DEPLOYMENT)

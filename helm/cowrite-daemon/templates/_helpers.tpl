@@ -102,6 +102,9 @@ poll_interval_seconds = {{ .Values.follow.pollIntervalSeconds | toJson }}
 [cleaner]
 interval_seconds = {{ .Values.cleaner.intervalSeconds | toJson }}
 commits_retained = {{ .Values.cleaner.commitsRetained | int }}
+
+[overlay]
+snapshot_every = {{ .Values.overlay.snapshotEvery | int }}
 {{- range .Values.tables }}
 
 [[tables]]
