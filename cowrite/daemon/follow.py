@@ -150,7 +150,10 @@ class TimelineFollower:
     def _appeared(
         self, state: TableState, names: list[str], infos: dict[str, FileInfo] | None
     ) -> tuple[list[InstantChanged], set[str]]:
-        files = [(name, file) for name in names if (file := _instant(name, self.table.uri)) is not None]
+        # An instant that appears completed needs no events for its earlier files: the state shows the
+        # latest, and the first look at a long timeline would otherwise parse and fold three files each.
+        earlier = _earlier_files(names)
+        files = [(n, file) for n in names if n not in earlier and (file := _instant(n, self.table.uri))]
         logged = state.logged.watermark if state.logged else None
         commits = [
             file
@@ -161,9 +164,12 @@ class TimelineFollower:
             and file.requested_time not in state.unlogged
         ]
         entries, gone = self._entries(commits)
-        # An instant that appears completed needs no events for its earlier files: the state shows the
-        # latest, and the first look at a long timeline would otherwise fold (and stat) three files each.
         done = {(f.requested_time, f.action) for name, f in files if f.is_completed and name not in gone}
+        shown = {(time, action.value) for time, action in done}
+        if again := [name for name, key in earlier.items() if key not in shown]:
+            # their completed file was archived before it was read, or is no instant's: report them as
+            # they are listed
+            files = sorted([*files, *((n, f) for n in again if (f := _instant(n, self.table.uri)))])
         events = []
         for name, file in files:
             if name in gone or (not file.is_completed and (file.requested_time, file.action) in done):
@@ -307,6 +313,26 @@ class TimelineFollower:
             events.append(HeartbeatGone(name))
         self._beats = {name: (info.modified, info.size) for name, info in current.items()}
         return events
+
+
+def _earlier_files(names: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """The requested and inflight files among ``names`` whose instant's completed file is among them too,
+    each with that instant's (requested time, action). Told from the names' shape
+    (:attr:`~cowrite.format.instant.Instant.file_name`) without parsing them; the caller parses those
+    whose completed file turns out not to count."""
+    completed, pending = set(), {}
+    for name in names:
+        times, _, suffix = name.partition(".")
+        requested, underscore, _ = times.partition("_")
+        if underscore:
+            completed.add((requested, suffix))  # "<requested>_<completed>.<action>"
+        elif suffix == "inflight":
+            pending[name] = (requested, "commit")  # "<requested>.inflight": a commit's
+        else:
+            action, _, state = suffix.partition(".")
+            if state in ("requested", "inflight"):
+                pending[name] = (requested, action)
+    return {name: key for name, key in pending.items() if key in completed}
 
 
 def _completion_order(event: InstantChanged) -> tuple[str, str]:
