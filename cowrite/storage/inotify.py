@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from cowrite.process import keep
@@ -232,8 +232,17 @@ class _Listing:
     watch: int
     inode: tuple[int, int]  # (device, inode) of the directory the watch is on
     keep: Callable[[str], bool]
-    names: set[str]
-    snapshot: frozenset[str] | None = None
+    # The names as last returned, and the changes since: one set of the names, not a set and its copy
+    # (a daemon keeps the listings of thousands of instants for each of its tables).
+    snapshot: frozenset[str]
+    added: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+
+    def current(self) -> frozenset[str]:
+        if self.added or self.removed:
+            self.snapshot = (self.snapshot - self.removed) | self.added
+            self.added, self.removed = set(), set()
+        return self.snapshot
 
 
 class Listings:
@@ -286,9 +295,7 @@ class Listings:
                 listing = self._watch(fd, directory, (status.st_dev, status.st_ino), list_names, keep)
                 if listing is None:
                     return None
-            if listing.snapshot is None:
-                listing.snapshot = frozenset(listing.names)
-            return listing.snapshot
+            return listing.current()
 
     def forget_all(self) -> None:
         """Drop every kept listing (the next call lists afresh); the inotify instance stays."""
@@ -331,7 +338,7 @@ class Listings:
             log.debug("cannot watch %s (%s): listing", directory, os.strerror(ctypes.get_errno()))
             return None
         # listed after the watch began: every change from here on arrives as an event
-        listing = _Listing(directory, watch, inode, keep, set(list_names()))
+        listing = _Listing(directory, watch, inode, keep, frozenset(list_names()))
         self._by_directory[directory] = self._by_watch[watch] = listing
         return listing
 
@@ -351,11 +358,11 @@ class Listings:
             elif mask & _GONE:
                 self._forget(listing)
             elif mask & _ADDED and listing.keep(name):
-                listing.names.add(name)
-                listing.snapshot = None
-            elif mask & _REMOVED and name in listing.names:
-                listing.names.discard(name)
-                listing.snapshot = None
+                listing.added.add(name)
+                listing.removed.discard(name)
+            elif mask & _REMOVED:
+                listing.removed.add(name)
+                listing.added.discard(name)
 
 
 listings = Listings()
