@@ -8,7 +8,7 @@ as Prometheus counters of a new process do).
 
 **What it keeps.** Counts of instants by state, the pending instants, and the newest :data:`RECENT`
 instants in full: what decisions and the page need. Older completed instants are all the state keeps of
-most of a long timeline, so each is packed into 17 bytes (its times and action) instead of an object
+most of a long timeline, so each is packed into 16 bytes (its times and action) instead of an object
 and its dictionaries; :attr:`TableState.timeline` unpacks them when the whole timeline is asked for.
 
 Liveness is the one thing judged rather than folded: a lease is stale once its newest sign of life is
