@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from jproperties import Properties
@@ -39,9 +38,10 @@ from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
-from cowrite.process import keep, keep_mapping, memo
+from cowrite.process import keep_mapping, memo
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +238,7 @@ class Table:
     def commit_metadata_of(self, instants: Sequence[Instant]) -> list[CommitMetadata]:
         """:meth:`commit_metadata` of each of ``instants``, those not read yet fetched concurrently: on an
         object store one round trip for all of them rather than one each."""
-        if len(instants) > 1 and self.storage.round_trips:
-            list(_readers().map(self.commit_metadata, instants))
-        return [self.commit_metadata(i) for i in instants]
+        return together(self.storage, [partial(self.commit_metadata, i) for i in instants])
 
     def published(self, instant: Instant, payload: bytes) -> None:
         """Note that this process just created ``instant``'s completed file with ``payload``: the next
@@ -291,7 +289,9 @@ class Table:
             raise
         return instant
 
-    def begin_instant(self, action: Action, now_millis: int) -> tuple[Instant, Timeline]:
+    def begin_instant(
+        self, action: Action, now_millis: int, meanwhile: Callable[[], object] | None = None
+    ) -> tuple[Instant, Timeline]:
         """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
         return it with the timeline the write begins on, listed after the claim.
 
@@ -299,12 +299,18 @@ class Table:
         archiver take a pending writer to have seen (they order the two by the files' modification
         times, :meth:`seen_by_every_pending`). The time is picked after the newest instant of the last
         timeline this process listed, which saves a listing; a claim that turns out too early is made
-        again.
+        again. ``meanwhile`` (requests the writer makes before that listing, such as noting the lock's
+        turn) runs beside the first try to claim: one round trip for both on an object store.
         """
-        return self._claim(Timeline.last_listed(self.storage), action, now_millis)
+        return self._claim(Timeline.last_listed(self.storage), action, now_millis, meanwhile=meanwhile)
 
     def _claim(
-        self, timeline: Timeline, action: Action, now_millis: int, plan: bytes | Callable[[str], bytes] = b""
+        self,
+        timeline: Timeline,
+        action: Action,
+        now_millis: int,
+        plan: bytes | Callable[[str], bytes] = b"",
+        meanwhile: Callable[[], object] | None = None,
     ) -> tuple[Instant, Timeline]:
         """Create ``.requested`` at the first free time after ``timeline``'s newest instant and no earlier
         than ``now_millis``; return it with the timeline listed right after.
@@ -323,7 +329,10 @@ class Table:
             while True:
                 instant = Instant(from_millis(millis), action, State.REQUESTED)
                 content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
-                if self.storage.create_if_absent(self.instant_path(instant), content):
+                create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
+                calls: list[Callable[[], object]] = [create] if meanwhile is None else [create, meanwhile]
+                meanwhile = None
+                if together(self.storage, calls)[0]:
                     break
                 millis += 1
             after = self.timeline()
@@ -442,31 +451,6 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
     except FileNotFoundError:
         raise InstantGoneError(storage.full_path(path)) from None
 
-
-_pool: ThreadPoolExecutor | None = None
-
-
-def _readers() -> ThreadPoolExecutor:
-    """Threads that read timeline files concurrently (started on first use, again after a fork)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cowrite-read")
-    return _pool
-
-
-def _readers_anew_after_fork() -> None:
-    global _pool
-    _pool = None  # a forked child has none of its parent's threads
-
-
-os.register_at_fork(after_in_child=_readers_anew_after_fork)
-keep(
-    f"{__name__}._pool",
-    "8 threads, started on first use",
-    "a committer reads the commits it must check in one round trip, not one each",
-    size=lambda: 0 if _pool is None else 1,
-    clear=None,
-)
 
 # Completed commits this process published, newest last (a dict keeps insertion order).
 _published: dict[tuple[Storage, str], CommitMetadata] = {}

@@ -1,0 +1,69 @@
+"""Requests made at once: on an object store several independent requests cost one round trip together
+rather than one each; on local disk they run one after the other, where threads would only add work."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from cowrite.process import keep
+from cowrite.storage.backend import Storage
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+THREADS = "cowrite-requests"  # the name of the threads the requests are made in (and its prefix)
+_pool: ThreadPoolExecutor | None = None
+
+
+def together(storage: Storage, calls: Sequence[Callable[[], T]]) -> list[T]:
+    """The results of ``calls`` (requests to ``storage``), made concurrently where each is a round trip.
+    Every call runs to its end; then the first exception, in the order of ``calls``, is raised."""
+    if len(calls) < 2 or not storage.round_trips:
+        return [call() for call in calls]
+    futures = [_requests().submit(call) for call in calls]
+    return [future.result() for future in futures]
+
+
+def in_background(storage: Storage, call: Callable[[], object], what: str) -> None:
+    """Make the requests of ``call`` without waiting for them where each is a round trip (a failure is
+    logged as ``what`` failing); on local disk, make them now. For work nobody waits for: a process
+    that exits first leaves it undone."""
+    if not storage.round_trips:
+        call()
+        return
+
+    def logged() -> None:
+        try:
+            call()
+        except Exception as exc:  # nobody is there to be told
+            log.warning("%s on %s failed: %s", what, storage.uri, exc)
+
+    _requests().submit(logged)
+
+
+def _requests() -> ThreadPoolExecutor:
+    """Threads that make requests at once (started on first use, again after a fork)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=THREADS)
+    return _pool
+
+
+def _anew_after_fork() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_anew_after_fork)
+keep(
+    f"{__name__}._pool",
+    "8 threads, started on first use",
+    "a committer reads the commits it must check, and publishes beside its lock's note, in one round trip",
+    size=lambda: 0 if _pool is None else 1,
+    clear=None,
+)
