@@ -19,6 +19,7 @@ class RetryPolicy:
     max_delay: float = 1.0
     jitter: float = 0.5  # each pause is scaled by a random factor in [1 - jitter, 1]
     deadline: float | None = None  # seconds from start; None: no deadline
+    floor: Callable[[], float] = lambda: 0.0  # seconds no pause is shorter than (before the jitter)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
@@ -53,7 +54,7 @@ class Attempts:
         if self.tries:
             # the exponent stops growing once the pause is at its maximum (a float power overflows at ~1000)
             growth = policy.backoff ** min(self.tries - 1, 64)
-            pause = min(policy.max_delay, policy.delay * growth)
+            pause = max(min(policy.max_delay, policy.delay * growth), policy.floor())
             pause *= 1 - policy.jitter * policy.rng.random()
             remaining = self.remaining()
             if remaining is not None:

@@ -32,7 +32,7 @@ from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, Lo
 from cowrite.format import config as keys
 from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_path
-from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, lock_for
+from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesystem, lock_for
 from cowrite.protocol.locks.factory import zookeeper_hosts
 from cowrite.protocol.locks.filesystem import (
     LOCK_DIR,
@@ -328,8 +328,10 @@ def test_a_stale_holder_is_expired_and_learns_it(
 def test_a_waiter_judges_a_live_holder_again_only_once_it_could_be_stale(
     storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every try of a waiter lists the lock directory; the holder's liveness (two lookups, two requests on
-    an object store) is asked once, and again only when its age could have reached the tolerance."""
+    """Every try of a waiter lists the lock directory; the lock's age is looked up once (an object store's
+    listing tells it), and while the lock is younger than the safety margin (which its holder had left
+    when it took it) the holder is neither read nor judged; later its liveness is asked only when its
+    age could have reached the tolerance."""
     storage.write(heartbeat_path(INSTANT), b"{}")
     clock = Clock()
     holder = fs_lock(storage, LockHolder(owner="holder", instant=INSTANT), now=clock)
@@ -346,7 +348,13 @@ def test_a_waiter_judges_a_live_holder_again_only_once_it_could_be_stale(
     with pytest.raises(LockTimeoutError, match="holder"):
         waiter.acquire()
     assert len(tries) >= 5
-    assert sorted(looked_up) == sorted([acquired_path(1), heartbeat_path(INSTANT)])
+    age = [] if storage.round_trips else [acquired_path(1)]  # an object store's listing tells the age
+    assert looked_up == age
+
+    clock.offset = PATIENT.margin  # old enough to be judged: alive
+    with pytest.raises(LockTimeoutError, match="holder"):
+        waiter.acquire()
+    assert sorted(looked_up) == sorted(age * 2 + [heartbeat_path(INSTANT)])
 
     clock.offset = PATIENT.tolerance + 1  # the heartbeat is that old now
     waiter.acquire(timeout=5)
@@ -454,9 +462,9 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
 
     # The contender's first listing is the stale one; every later one is fresh.
-    real_names = storage.watched_names
-    views = iter([stale_view])
-    monkeypatch.setattr(storage, "watched_names", lambda name: next(views, None) or real_names(name))
+    real_scan = filesystem._scan
+    views = iter([filesystem._lock_files(stale_view)])
+    monkeypatch.setattr(filesystem, "_scan", lambda storage: next(views, None) or real_scan(storage))
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with pytest.raises(LockTimeoutError, match="real-holder"):
         contender.acquire(timeout=0.1)

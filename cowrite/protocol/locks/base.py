@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from types import TracebackType
 
@@ -63,6 +64,10 @@ class TableLock(ABC):
     def __init__(self, holder: LockHolder, retry: RetryPolicy | None = None) -> None:
         self.holder = holder
         self.retry = retry or RetryPolicy(deadline=60.0)
+        # Told, while this object waits for another holder, what the turns so far published (completed
+        # file names by turn), where the provider can tell: a writer reads those commits then, rather
+        # than once it holds the lock.
+        self.on_published: Callable[[Mapping[int, str]], None] | None = None
 
     @abstractmethod
     def acquire(self, timeout: float | None = None) -> None: ...
@@ -76,6 +81,36 @@ class TableLock(ABC):
     @property
     @abstractmethod
     def is_held(self) -> bool: ...
+
+    # -- turns: for providers that can tell whether anybody held the lock between two moments ---------
+    def turn(self) -> int | None:
+        """A name for the last turn of the lock that has ended, None when the provider cannot tell. A
+        writer notes it before listing the timeline; see :meth:`published_since`."""
+        return None
+
+    def acquire_next(self, turn: int | None) -> bool:
+        """Take the lock if its next turn is the one right after ``turn``, with one try and no waiting;
+        False (not held) when another turn came in between, the lock was held when ``turn`` was noted,
+        or the provider cannot tell."""
+        return False
+
+    def published_since(self, turn: int | None) -> list[str] | None:
+        """What the turns between ``turn`` and the one this object holds published — the completed
+        instants' file names, in turn order; empty when this is the very next turn — if every one of
+        them was a writer's turn that noted it (:meth:`note_published`); else None, also when the
+        provider cannot tell.
+
+        Everything that changes the completed part of the timeline — a commit, a rollback, a clean, an
+        archival — happens in a turn of the lock; so a timeline listed after ``turn`` was noted, with
+        these instants completed, is the timeline now.
+        """
+        return None
+
+    def note_published(self, published: str) -> None:
+        """Note, for later holders, that this turn publishes the completed file ``published`` and
+        changes nothing else; call before :meth:`release`, at most once a turn. Raises what the storage
+        raises (the note is then missing: later holders list the timeline)."""
+        return None  # a provider without turns has nobody to tell
 
     def _policy(self, timeout: float | None) -> RetryPolicy:
         return self.retry if timeout is None else replace(self.retry, deadline=timeout)

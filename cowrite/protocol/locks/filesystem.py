@@ -10,7 +10,13 @@ Files, each created once with create-if-absent and never rewritten:
 
 - ``lock<id>.acquired``: :meth:`LockHolder.to_bytes` of whoever took lock ``id``;
 - ``lock<id>.released``: JSON ``{"owner", "reason", "time"}`` — who released it, ``released`` by the holder
-  or ``expired`` by someone else, and when (seconds since the epoch).
+  or ``expired`` by someone else, and when (seconds since the epoch);
+- ``lock<id>.published.<completed instant file>`` (empty): what the holder of a writer's turn published,
+  created beside the completed file and before the release (:meth:`FileSystemLock.note_published`).
+  A turn without one changed what nobody can tell from the lock directory (a table service, an expired
+  holder). A later holder who saw the timeline before some turn, and finds a note for every turn since,
+  knows the timeline's completed part without listing it (:meth:`FileSystemLock.published_since`).
+  Readers of the lock that do not know the notes ignore them: they are not lock files.
 
 The lock is held by the holder of the highest id while no ``lock<id>.released`` exists for it. Ids are
 positive integers compared as numbers and only grow: acquiring means creating ``lock<N+1>.acquired`` when
@@ -23,16 +29,17 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 
-from cowrite.errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
-from cowrite.process import memo
+from cowrite.errors import CorruptTimelineError, CowriteError, LeaseLostError, LockTimeoutError
+from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder, TableLock
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
+from cowrite.storage.together import in_background
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +47,23 @@ LOCK_DIR = ".hoodie/locks"
 
 # Leading zeros are not ours: "lock07" would be a second name for id 7.
 _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
+_NOTE = re.compile(r"lock([1-9][0-9]*)\.published\.(.+)")
 
 # Expiring a stale lock or dropping a bogus one is followed by another try without pausing; this bounds
 # how often in a row, so a storage that keeps misbehaving still reaches the retry policy's pauses.
 _IMMEDIATE_RETRIES = 3
 # Lock files a releasing holder leaves behind it (older ones it deletes, see release).
 _KEPT_ON_RELEASE = 16
+# The longest pause a waiter takes on an object store, however long holds have lasted.
+_LONGEST_PACE = 1.0
+
+_HOLD_SECONDS: dict[str, float] = keep_mapping(
+    "cowrite.protocol.locks.filesystem._HOLD_SECONDS",
+    {},
+    "a number per table whose lock this process held",
+    "how long this process held each table's lock lately: on an object store, where every try is a "
+    "request, a waiter pauses about that long between tries",
+)
 
 
 def acquired_path(lock_id: int) -> str:
@@ -56,6 +74,10 @@ def released_path(lock_id: int) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.released"
 
 
+def note_path(lock_id: int, published: str) -> str:
+    return f"{LOCK_DIR}/lock{lock_id}.published.{published}"
+
+
 class ReleaseReason(StrEnum):
     RELEASED = "released"
     EXPIRED = "expired"
@@ -63,10 +85,14 @@ class ReleaseReason(StrEnum):
 
 @dataclass(frozen=True)
 class _LockFiles:
-    """The ids one listing of ``.hoodie/locks/`` showed (names only: contenders list on every try)."""
+    """The ids one listing of ``.hoodie/locks/`` showed, and when each ``.acquired`` file was created where
+    the listing told it (object stores list modification times with names; local disk's kept listing
+    has names only)."""
 
     acquired: frozenset[int]
     released: frozenset[int]
+    published: Mapping[int, str] = field(default_factory=dict)  # the notes: id -> completed file name
+    acquired_at: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def highest(self) -> int:
@@ -78,18 +104,26 @@ class _LockFiles:
 
 
 def _scan(storage: Storage) -> _LockFiles:
-    return _lock_files(storage.watched_names(LOCK_DIR))
+    if not storage.round_trips:
+        return _lock_files(storage.watched_names(LOCK_DIR))
+    infos = storage.list(LOCK_DIR)
+    files = _lock_files(frozenset(info.name for info in infos))
+    created = {parse_lock_file(info.name): info.modified for info in infos}
+    return replace(files, acquired_at={i: at for i in files.acquired if (at := created.get((i, False)))})
 
 
 @memo(16, "pure; a kept listing is the same object until the lock directory changes")
 def _lock_files(names: frozenset[str]) -> _LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
+    published: dict[int, str] = {}
     for name in names:
         parsed = parse_lock_file(name)
         if parsed is not None:
             (released if parsed[1] else acquired).add(parsed[0])
-    return _LockFiles(frozenset(acquired), frozenset(released))
+        elif (note := _NOTE.fullmatch(name)) is not None:
+            published[int(note.group(1))] = note.group(2)
+    return _LockFiles(frozenset(acquired), frozenset(released), published)
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
@@ -270,6 +304,9 @@ def collect_garbage(storage: Storage, keep: int = 10, names: frozenset[str] | No
             deleted += 1
         storage.delete(released_path(lock_id))
         deleted += 1
+        if lock_id in files.published:
+            storage.delete(note_path(lock_id, files.published[lock_id]))
+            deleted += 1
     return deleted
 
 
@@ -334,6 +371,10 @@ class FileSystemLock(TableLock):
         self._waited_for: int | None = None  # the id we last found held by someone else
         self._alive_until: tuple[int, float] | None = None  # (id, time on ``now``) its holder is alive until
         self._waiting_since = time.monotonic()
+        self._first_seen: int | None = None  # the highest id this waiter's first try saw
+        self._held_since = 0.0  # time.monotonic() when this object took the lock
+        self._listed: _LockFiles | None = None  # the listing that showed this object's lock held
+        self._free_after: int | None = None  # the last turn noted, when the lock was free then
 
     @property
     def lock_id(self) -> int | None:
@@ -347,8 +388,12 @@ class FileSystemLock(TableLock):
 
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
-        self._seen = self._waited_for = None
+        self._seen = self._waited_for = self._first_seen = None
         self._waiting_since = time.monotonic()
+        # On an object store, where nothing tells of a release and every try is a request, waiters pause
+        # about as long as a turn lasts: together they still try several times a turn, each much less.
+        if self.storage.round_trips:
+            policy = replace(policy, floor=self._pace)
         # Watching from before the first try, a release between a try and the wait cannot go unnoticed.
         with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as releases:
             for _ in replace(policy, sleep=releases.wait).attempts():
@@ -385,13 +430,58 @@ class FileSystemLock(TableLock):
             return True
         return False
 
+    def turn(self) -> int | None:
+        """The id of the last lock released (one listing): lock ids name the turns."""
+        files = _scan(self.storage)
+        if files.is_held(files.highest):
+            self._free_after = None
+            return files.highest - 1  # a lock is taken only after the one before it was released
+        self._free_after = files.highest
+        return files.highest
+
+    def acquire_next(self, turn: int | None) -> bool:
+        """Take lock ``turn + 1`` with one try and no listing before it: on an object store two round
+        trips, where :meth:`acquire` lists first."""
+        if turn is None or turn != self._free_after:
+            return False  # the next turn was taken when ``turn`` was noted: do not ask in vain
+        self._waiting_since = time.monotonic()
+        return self._take(turn + 1) is _Outcome.ACQUIRED
+
+    def published_since(self, turn: int | None) -> list[str] | None:
+        listed, held = self._listed, self._id
+        if turn is None or listed is None or held is None:
+            return None
+        between = range(turn + 1, held)
+        if any(lock_id not in listed.published for lock_id in between):
+            return None
+        return [listed.published[lock_id] for lock_id in between]
+
+    def note_published(self, published: str) -> None:
+        if self._id is not None:
+            self.storage.create_if_absent(note_path(self._id, published), b"")
+
+    def _pace(self) -> float:
+        """About twice as long as a hold of the lock lasts, less the more turns this waiter has seen go
+        by (down to a quarter of a hold), so that who has waited longest tends to try first."""
+        hold = min(_LONGEST_PACE, _HOLD_SECONDS.get(self.storage.uri, 0.0))
+        first, last = self._first_seen, self._waited_for
+        seen = last - first if first is not None and last is not None else 0
+        return hold * max(0.25, 2 - seen / 4)
+
     def _try_acquire(self) -> _Outcome:
         files = _scan(self.storage)
         current = files.highest
+        if self._first_seen is None:
+            self._first_seen = current
         if files.is_held(current):
             self._waited_for = current
+            if self.on_published is not None and files.published:
+                self.on_published(files.published)
             return self._judge(files, current)
-        candidate = current + 1
+        return self._take(current + 1)
+
+    def _take(self, candidate: int) -> _Outcome:
+        """Create ``lock<candidate>.acquired``; the lock is ours if a listing after shows no higher id."""
         waited = int((time.monotonic() - self._waiting_since) * 1000)
         payload = replace(self.holder, waited_ms=waited).to_bytes()
         if not self.storage.create_if_absent(acquired_path(candidate), payload):
@@ -400,7 +490,8 @@ class FileSystemLock(TableLock):
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. Only an id that is still the highest counts.
         try:
-            higher = _scan(self.storage).highest
+            listed = _scan(self.storage)
+            higher = listed.highest
         except BaseException:
             # we may hold it, but cannot tell: give it back rather than leave it to expire
             _write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
@@ -414,7 +505,7 @@ class FileSystemLock(TableLock):
             )
             _write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
             return _Outcome.AGAIN
-        self._id = candidate
+        self._id, self._listed, self._held_since = candidate, listed, time.monotonic()
         return _Outcome.ACQUIRED
 
     def _judge(self, files: _LockFiles, lock_id: int) -> _Outcome:
@@ -426,7 +517,13 @@ class FileSystemLock(TableLock):
         # Lock files are never rewritten: the holder read on an earlier try is still the holder of that
         # file, which saves a read per try while waiting.
         try:
-            file = (lock_id, _acquired_at(self.storage, lock_id))
+            file = (lock_id, files.acquired_at.get(lock_id) or _acquired_at(self.storage, lock_id))
+            at = self.now()
+            if at - file[1] < self.heartbeat.margin:
+                # A holder takes the lock with at least the safety margin left on its lease (a writer
+                # checks before it asks): until the lock is that old, it needs no judging, nor reading.
+                self._alive_until = (lock_id, file[1] + self.heartbeat.margin)
+                return _Outcome.BUSY
             if self._seen is not None and self._seen_file == file:
                 holder = self._seen[1]
             else:
@@ -434,7 +531,6 @@ class FileSystemLock(TableLock):
                 self._seen, self._seen_file = (lock_id, holder), file
         except FileNotFoundError:
             return _Outcome.AGAIN  # deleted since the listing: the listing is out of date
-        at = self.now()
         reason, age = _staleness(self.storage, file[1], lock_id, holder, self.heartbeat, at)
         if reason is None:
             self._alive_until = (lock_id, at + self.heartbeat.tolerance - age)
@@ -444,6 +540,11 @@ class FileSystemLock(TableLock):
 
     def _timeout_error(self, deadline: float | None) -> LockTimeoutError:
         waited = f"within {deadline} s" if deadline is not None else "in the allowed number of tries"
+        if self._seen is None and self._waited_for is not None:  # a young lock's holder was not read
+            try:
+                self._seen = (self._waited_for, holder_or_unknown(self.storage, self._waited_for))
+            except (FileNotFoundError, CowriteError):
+                pass
         if self._seen is None:
             held_by = "other writers kept taking it first"
         else:
@@ -473,12 +574,25 @@ class FileSystemLock(TableLock):
                 _describe_release(self.storage, lock_id),
             )
         self._id = None
+        held = time.monotonic() - self._held_since
+        before = _HOLD_SECONDS.get(self.storage.uri)
+        _HOLD_SECONDS[self.storage.uri] = held if before is None else (before + held) / 2
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
-        # go, so the stale-view check above (our id must be the highest) still holds.
-        old = lock_id - _KEPT_ON_RELEASE
-        if old > 0:
-            self.storage.delete(acquired_path(old))  # .acquired first: a lone .released reads as free
-            self.storage.delete(released_path(old))
+        # go, so the stale-view check above (our id must be the highest) still holds. Every
+        # _KEPT_ON_RELEASE turns, those of a whole stretch go at once (one request a kind on an object
+        # store, made in the background), rather than two deletes on the way of every commit; what a
+        # process leaves undone, the daemon collects.
+        if lock_id % _KEPT_ON_RELEASE == 0 and lock_id > _KEPT_ON_RELEASE:
+            old = range(max(1, lock_id - 2 * _KEPT_ON_RELEASE), lock_id - _KEPT_ON_RELEASE + 1)
+            notes = self._listed.published if self._listed is not None else {}
+            acquired = [acquired_path(i) for i in old]
+            released = [released_path(i) for i in old] + [note_path(i, notes[i]) for i in old if i in notes]
+
+            def collect() -> None:
+                self.storage.delete_all(acquired)  # first: a lone .released reads as free
+                self.storage.delete_all(released)
+
+            in_background(self.storage, collect, "collecting old lock files")
 
     def check_held(self) -> None:
         lock_id = self._id
