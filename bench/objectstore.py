@@ -102,19 +102,25 @@ def time_lock_holds(held: list[tuple[float, float]]) -> None:
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         lock = make(*args, **kwargs)
-        acquire, release = lock.acquire, lock.release
+        acquire, acquire_next, release = lock.acquire, lock.acquire_next, lock.release
         taken: list[float] = []
 
         def timed_acquire(timeout: float | None = None) -> None:
             acquire(timeout)
             taken.append(time.time())
 
+        def timed_acquire_next(turn: int | None) -> bool:
+            began = time.time()
+            if acquired := acquire_next(turn):
+                taken.append(began)  # its one try is its acquisition: counted inside
+            return acquired
+
         def timed_release() -> None:
             release()
             if taken:  # a release after an abort may find nothing held
                 held.append((taken.pop(), time.time()))
 
-        lock.acquire, lock.release = timed_acquire, timed_release
+        lock.acquire, lock.acquire_next, lock.release = timed_acquire, timed_acquire_next, timed_release
         return lock
 
     transaction.lock_for = timed

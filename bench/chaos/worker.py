@@ -45,6 +45,7 @@ from cowrite.protocol.heartbeat import heartbeat_path
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.steps import Step
 from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
+from cowrite.storage.together import THREADS
 
 
 class Events:
@@ -95,8 +96,10 @@ class Faults:
             self.events.emit("resumed", step=step, instant=instant)
 
     def storage(self, operation: str, path: str) -> str | None:
-        """The fault to inject into this call, if any (main thread only: the heartbeat stays honest)."""
-        if not self.rate or threading.current_thread() is not threading.main_thread():
+        """The fault to inject into this call, if any: in the main thread, and in the threads that make
+        its requests at once (:mod:`cowrite.storage.together`); the heartbeat's stay honest."""
+        thread = threading.current_thread()
+        if not self.rate or not (thread is threading.main_thread() or thread.name.startswith(THREADS)):
             return None
         candidates = [k for k in self.kinds if k.startswith(operation + "-")]
         if not candidates or self.rng.random() >= self.rate:

@@ -11,6 +11,15 @@
    still held by the safety margin, it publishes ``<t>_<completion>.<action>`` with a completion time
    above every earlier one.
 
+Where the lock can tell that nobody held it in between (:meth:`~.locks.base.TableLock.follows`; the
+filesystem lock's ids name its turns), a listing taken before the lock is as good as one taken under
+it: everything that changes the timeline's completed part takes a turn of the lock. A writer notes the
+lock's turn before it lists the timeline at begin and takes the very next turn at commit with one try;
+when that works nothing completed since begin, and it publishes without listing again. Otherwise it
+notes the turn again, reads what completed meanwhile before taking the lock, and lists under the lock
+only when somebody held the lock in between. On an object store that keeps the lock's critical section
+to a few round trips (``README.md``, *What a commit costs*).
+
 A write may carry a :class:`~.txn.Txn` (an application id and a version): it is refused — nothing
 committed, :class:`~.errors.TxnAlreadyCommittedError` — when that version or a newer one of the
 application is committed, checked at begin (before any data is written) and again under the lock.
@@ -25,8 +34,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import NamedTuple
 
 from cowrite.errors import (
     CommitFailedError,
@@ -42,9 +53,9 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.config import Config
 from cowrite.format.fs_view import BaseFile
-from cowrite.format.instant import Action, Instant, State
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State
 from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import Timeline, instant_named
 from cowrite.protocol.conflict import (
     CHECKED,
     Candidate,
@@ -57,6 +68,7 @@ from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.backend import FileInfo, stays_inside
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +101,15 @@ def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
 
 
 REVERTED_KEY = "cowrite.reverted.clusterings"
+
+
+class _Prepared(NamedTuple):
+    """What a commit publishes as of a timeline: its metadata carrying the applications' versions the
+    timeline's newest data commit carried (``carried``), and that metadata encoded."""
+
+    metadata: CommitMetadata
+    payload: bytes
+    carried: CommittedTxns
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,7 @@ class Transaction:
         self.heartbeat: Heartbeat | None = None
         self.planned: CommitMetadata | None = None
         self._early_checked = 0.0
+        self._turn: int | None = None  # the lock's turn noted before the begin timeline was listed
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -140,7 +162,16 @@ class Transaction:
         # judged by its .requested file, so a writer paused past the tolerance meanwhile may have been
         # rolled back, and fails to start.
         claiming = time.monotonic()
-        requested, timeline = self.table.begin_instant(self.action, int(self.options.clock() * 1000))
+
+        def note_turn() -> None:  # before the begin timeline is listed (see the module's docstring)
+            try:
+                self._turn = self.lock.turn()
+            except CowriteError as exc:  # the commit lists the timeline under the lock, as it can
+                log.info("could not note the lock's turn of %s: %s", self.table, exc)
+
+        requested, timeline = self.table.begin_instant(
+            self.action, int(self.options.clock() * 1000), meanwhile=note_turn
+        )
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which
             # nothing was written, is withdrawn so the timeline is left as it was.
@@ -266,13 +297,10 @@ class Transaction:
         try:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
-            carried = CommittedTxns.of(self.table, self._read_new_commits())
-            metadata = self._with_txns(metadata, carried)
-            payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
-            self.lock.acquire()
+            known, prepared = self._take_lock(metadata)
             try:
                 reached(Step.LOCKED, self.instant_time)
-                completed = self._publish(metadata, payload, revert, carried)
+                completed = self._publish(prepared, revert, known)
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
@@ -291,13 +319,47 @@ class Transaction:
         log.info("committed %s on %s", completed, self.table)
         return completed
 
-    def _read_new_commits(self) -> Timeline:
-        """Read the commits completed since begin before taking the lock (their metadata is cached):
-        under the lock, where every other writer waits, only those completed meanwhile are read.
-        Returns the timeline listed."""
-        timeline = self.table.timeline()
-        self._completed_since_begin(timeline)
-        return timeline
+    def _take_lock(self, metadata: CommitMetadata) -> tuple[Timeline | None, _Prepared]:
+        """Take the table lock; return the timeline as it is under the lock when the lock can tell
+        (see the module's docstring), else None, with what the commit publishes as of begin (encoded
+        before taking the lock others wait for)."""
+        prepared = self._prepare(metadata, self.begin_timeline)
+        if not self.lock.acquire_next(self._turn):
+            self.lock.on_published = self._read_published
+            self.lock.acquire()
+        return self._timeline_after(self.lock.published_since(self._turn)), prepared
+
+    def _read_published(self, notes: Mapping[int, str]) -> None:
+        """While the lock is another's: read the commits the turns since begin published (the reads are
+        kept), so that once this writer holds the lock it has them at hand."""
+        if self._turn is None:
+            return
+        instants = [i for lock_id, name in notes.items() if lock_id > self._turn and (i := _completed(name))]
+        try:
+            self.table.commit_metadata_of([i for i in instants if i.action.writes_data])
+        except CowriteError:  # a note is made beside its completed file: read it again under the lock
+            pass
+
+    def _timeline_after(self, published: list[str] | None) -> Timeline | None:
+        """The begin timeline with the instants ``published`` since completed, once their commits are
+        read; None when the lock cannot tell what was published, or a noted commit cannot be read."""
+        if published is None:
+            return None
+        instants = [_completed(name) for name in published]
+        if not all(instants):
+            return None
+        completed = [i for i in instants if i is not None]
+        try:
+            self.table.commit_metadata_of([i for i in completed if i.action.writes_data])
+        except CowriteError as exc:
+            log.info("listing the timeline under the lock: a noted commit cannot be read (%s)", exc)
+            return None
+        return Timeline([*self.begin_timeline, *completed])
+
+    def _prepare(self, metadata: CommitMetadata, timeline: Timeline) -> _Prepared:
+        carried = CommittedTxns.of(self.table, timeline)
+        metadata = self._with_txns(metadata, carried)
+        return _Prepared(metadata, metadata.to_bytes(self.action), carried)
 
     def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
         """``metadata`` carrying ``carried`` forward, with this write's own txn added."""
@@ -313,17 +375,14 @@ class Transaction:
         return [Candidate(i, m) for i, m in zip(completed, metadata, strict=True)]
 
     def _publish(
-        self,
-        metadata: CommitMetadata,
-        payload: bytes,
-        revert: RevertClustering | None,
-        carried: CommittedTxns,
+        self, prepared: _Prepared, revert: RevertClustering | None, known: Timeline | None
     ) -> Instant:
-        """Under the lock: check, then create the completed file. ``payload`` is ``metadata`` encoded,
-        carrying ``carried`` forward; it is encoded again only if commits completed meanwhile changed the
-        map of applications' versions."""
+        """Under the lock: check, then create the completed file. ``known`` is a timeline nobody changed
+        since it was listed (None: list it now). ``prepared``'s payload is encoded again only if commits
+        completed meanwhile changed the map of applications' versions."""
         assert self.instant is not None and self.heartbeat is not None
-        timeline = self.table.timeline()
+        metadata, payload, carried = prepared
+        timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
         if mine is None or mine.is_completed:
             raise LeaseLostError(
@@ -346,12 +405,20 @@ class Transaction:
             payload = metadata.to_bytes(self.action)
         reverted = self._check_conflicts(metadata, timeline, revert, candidates)
         self.heartbeat.check()
-        self.lock.check_held()
+        if known is None:
+            # Listing and reading took round trips since the lock was taken. With a timeline known
+            # current, only local work came after the lock's own listing, which showed it held.
+            self.lock.check_held()
         reached(Step.CHECKED, self.instant_time)
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
+        create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
+        # The lock's note goes out with the completed file (one round trip for both on an object store);
+        # a turn that also publishes a revert is not noted: later holders list the timeline.
+        note = [partial(self._note_published, done)] if reverted is None else []
+        calls: list[Callable[[], object]] = [create, *note]
         try:
-            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
+            created = together(self.table.storage, calls)[0]
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
@@ -364,6 +431,14 @@ class Transaction:
         if reverted is not None:
             self._publish_revert(reverted, metadata.extra[TXNS_KEY])
         return done
+
+    def _note_published(self, done: Instant) -> None:
+        """Note ``done`` with the lock for later holders; a note that cannot be made only costs them a
+        listing."""
+        try:
+            self.lock.note_published(done.file_name)
+        except CowriteError as exc:
+            log.info("could not note %s with the lock of %s: %s", done, self.table, exc)
 
     def _being_rolled_back(self, timeline: Timeline) -> bool:
         """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after
@@ -451,6 +526,15 @@ class Transaction:
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
                     log.warning("could not delete %s after abort: %s", path, exc)
         self._release_lock()
+
+
+def _completed(name: str) -> Instant | None:
+    """The completed instant a lock's note names; None for any other name."""
+    try:
+        instant = instant_named(name)
+    except InvalidInstantError:
+        return None
+    return instant if instant is not None and instant.is_completed else None
 
 
 def _abort_reason(cause: BaseException | None) -> str:

@@ -232,15 +232,15 @@ def test_the_map_includes_what_completed_while_a_commit_waited_for_the_lock(
     the map it finds under the lock."""
     config = table.config
     lock = lock_for(table.storage, config, LockHolder(), HeartbeatPolicy.from_config(config), table.name)
-    acquire = lock.acquire
+    acquire_next = lock.acquire_next
     other: list[Instant | None] = []
 
-    def acquire_after_another_commit(timeout: float | None = None) -> None:
+    def acquire_after_another_commit(turn: int | None) -> bool:
         if not other:
             other.append(writer(table, "app-y", 1).upsert(rows(["y"])))
-        acquire(timeout)
+        return acquire_next(turn)
 
-    monkeypatch.setattr(lock, "acquire", acquire_after_another_commit)
+    monkeypatch.setattr(lock, "acquire_next", acquire_after_another_commit)
     mine = LocalWriter(table, WriteOptions(config=config, lock=lock, txn=Txn("app-x", 1))).upsert(rows(["x"]))
     assert mine is not None and other[0] is not None
     assert json.loads(table.commit_metadata(mine).extra[TXNS_KEY]) == {

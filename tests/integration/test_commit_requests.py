@@ -1,0 +1,166 @@
+"""What a commit costs on S3 under the table lock, counted request by request at a proxy in a process of
+its own, and what a writer may skip when the lock's notes tell it what the turns since its begin
+published — and that it still sees every conflict, and lists the timeline whenever a note is missing.
+
+Each writer signs with an access key of its own, so the proxy tells whose request it answered. Tables
+are read back with cowrite and hudi-rs after every scenario.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+from support import ROOT, hudi_rs
+from support.hudi_rs import rows as as_rows
+from support.servers import S3Server
+from support.tables import new_table, rows
+
+from cowrite.cleaner import service_lock
+from cowrite.errors import WriteConflictError
+from cowrite.format import config as keys
+from cowrite.format.table import Table
+from cowrite.local import read
+from cowrite.local.writer import LocalWriter
+from cowrite.protocol.heartbeat import HeartbeatPolicy
+from cowrite.protocol.locks.base import LockHolder
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.steps import Step, observe
+
+sys.path.insert(0, str(ROOT))
+from bench.proxy import ProxyProcess, Request  # noqa: E402
+
+NO_RETRY = {keys.RETRIES_ON_CONFLICT.key: "0"}
+
+
+@pytest.fixture(scope="module")
+def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
+    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
+        yield running
+
+
+def what(request: Request) -> tuple[str, str]:
+    """A request as (kind, what it is about): the directory listed, or the directory of the file."""
+    url = urlsplit(request.path)
+    if request.kind == "LIST":
+        return "LIST", parse_qs(url.query)["prefix"][0].rstrip("/").rsplit("/", 1)[-1]
+    return request.kind, unquote(url.path).rsplit("/", 2)[-2]
+
+
+def through(table: Table, proxy: ProxyProcess, client: str) -> Table:
+    """``table`` opened again through the proxy, signing with the access key ``client``."""
+    options: dict[str, Any] = {
+        "key": client,
+        "secret": "secret",
+        "client_kwargs": {"endpoint_url": proxy.endpoint_url, "region_name": "us-east-1"},
+    }
+    return Table.load(table.uri, **options)
+
+
+def critical_section(requests: list[Request], client: str) -> list[tuple[str, str]]:
+    """What ``client`` asked from its lock's acquisition (the last ``.acquired`` it created) to its
+    release, in the order the answers came."""
+    mine = [r for r in requests if r.client == client]
+    taken = max(i for i, r in enumerate(mine) if r.kind == "PUT" and r.path.endswith(".acquired"))
+    released = next(i for i, r in enumerate(mine) if r.kind == "PUT" and r.path.endswith(".released"))
+    return [what(r) for r in mine[taken : released + 1]]
+
+
+@pytest.fixture
+def table(s3_server: S3Server) -> Table:
+    created = new_table(
+        f"s3://{s3_server.bucket}/commit-requests-{uuid.uuid4().hex}",
+        properties=NO_RETRY,
+        **s3_server.storage_options(),
+    )
+    LocalWriter(created).insert(rows(["a", "b"], part="p0"))  # the file group both writers touch
+    return created
+
+
+def test_a_lone_writer_holds_the_lock_for_four_round_trips(table: Table, proxy: ProxyProcess) -> None:
+    """Nobody took a turn since its begin: the writer takes the next turn with one try and publishes
+    without listing the timeline or the lock directory again: acquire, the listing that shows it held,
+    the completed file with the lock's note beside it, the release."""
+    writer = LocalWriter(through(table, proxy, "alone"))
+    writer.upsert(rows(["a"], ts=2, value="first"))  # this process's first commit reads what it needs
+    proxy.reset()
+    writer.upsert(rows(["b"], ts=2, value="second"))
+    section = critical_section(proxy.reset(), "alone")
+    assert section[0] == ("PUT", "locks") and section[-1] == ("PUT", "locks")
+    assert Counter(section) == {("PUT", "locks"): 3, ("LIST", "locks"): 1, ("PUT", "timeline"): 1}
+    expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
+                {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """While A writes, B commits to the same file group and notes it with the lock. A, whose begin
+    preceded B's turn, takes the turn after B's without listing the timeline: it reads B's commit, which
+    the note names, finds the conflict and publishes nothing. (A writer that waited for the lock has read
+    such commits while it waited.)"""
+    slow, fast = LocalWriter(through(table, proxy, "slow")), LocalWriter(through(table, proxy, "fast"))
+    slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
+    fast.upsert(rows(["y"], part="p8"))
+
+    done: list[str] = []
+
+    def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is Step.WRITTEN and not done:
+            done.append("fast")
+            with observe(lambda *_: None):
+                fast.upsert(rows(["a"], ts=3, value="fast"))
+
+    proxy.reset()
+    with observe(meanwhile), pytest.raises(WriteConflictError):
+        slow.upsert(rows(["a"], ts=4, value="slow"))
+    # the lock, the listing that shows it held, B's commit (which the note names), the release
+    assert critical_section(proxy.reset(), "slow") == [
+        ("PUT", "locks"), ("LIST", "locks"), ("GET", "timeline"), ("PUT", "locks")
+    ]  # fmt: skip
+    expected = [{"id": "a", "part": "p0", "ts": 3, "value": "fast"}, {"id": "b", "part": "p0", "ts": 1,
+                "value": "v"}, {"id": "y", "part": "p8", "ts": 1, "value": "v"},
+                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+@pytest.mark.parametrize("between", ["a service's turn", "a note naming no completed file"])
+def test_a_writer_lists_the_timeline_under_the_lock_when_a_turn_left_no_usable_note(
+    table: Table, proxy: ProxyProcess, between: str
+) -> None:
+    """A turn that noted nothing (a table service's, an expired holder's) or whose note names a commit
+    that is not there (its holder died between the two) tells nothing: the writer lists the timeline under
+    the lock and asks whether it still holds it, as it always did, and commits."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    writer.upsert(rows(["z"], part="p9"))
+
+    done: list[str] = []
+
+    def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is not Step.WRITTEN or done:
+            return
+        done.append(between)
+        if between == "a service's turn":
+            with service_lock(table, "cleaner"):
+                pass
+        else:
+            policy = HeartbeatPolicy.from_config(table.config)
+            lock = FileSystemLock(table.storage, LockHolder("dead"), policy)
+            lock.acquire(timeout=5)
+            lock.note_published("20261126000000000_20261126000000001.commit")
+            lock.release()
+
+    proxy.reset()
+    with observe(meanwhile):
+        writer.upsert(rows(["a"], ts=5, value="after"))
+    section = critical_section(proxy.reset(), "writer")
+    assert section.count(("LIST", "timeline")) == 1 and section.count(("LIST", "locks")) == 2
+    expected = [{"id": "a", "part": "p0", "ts": 5, "value": "after"}, {"id": "b", "part": "p0", "ts": 1,
+                "value": "v"}, {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
