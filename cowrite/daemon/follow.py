@@ -87,7 +87,7 @@ class TimelineFollower:
         self._listed: frozenset[str] | None = None
         self._unreported: set[str] = set()
         self._compare = False  # compare the next listing even if it is the same object
-        # Object stores: the names reported, sorted (listed after a start point), and as a set.
+        # Object stores: the names reported at or after the last start point, sorted, and as a set.
         self._known: list[str] = []
         self._known_set: set[str] = set()
         self._newest_when_last_look_began: str | None = None  # the newest instant two looks ago
@@ -99,7 +99,7 @@ class TimelineFollower:
     @property
     def names_held(self) -> int:
         """How many timeline names the follower keeps itself: on local disk only those listed and not
-        reported (the storage keeps the listing), on object stores every name it reported."""
+        reported (the storage keeps the listing), on object stores those after its last start point."""
         return len(self._unreported) + len(self._known_set)
 
     # -- the timeline ----------------------------------------------------------------------------
@@ -127,6 +127,8 @@ class TimelineFollower:
             known = self._known[bisect_right(self._known, after) :] if after else self._known
             created = set(infos.keys() - self._known_set)
             removed = {name for name in known if name not in infos}
+            if not after:  # below the start points the follower keeps no names: the state knows those
+                removed |= {i.file_name for i in state.timeline if i.file_name not in infos}
         events, gone = self._appeared(state, sorted(created), infos)  # may raise: then nothing changes
         self._listed, self._compare = listed, False
         self.full_look_due = False
@@ -142,6 +144,7 @@ class TimelineFollower:
         else:
             self._forget(removed)
             self._remember(name for name in created if name not in gone)
+            self._forget_below(after)
         # Completions in the order they happened: the state counts a completion as new only when it is
         # later than every one it knew (an archival that stopped half way may show old ones again).
         events.sort(key=_completion_order)
@@ -230,6 +233,15 @@ class TimelineFollower:
         else:
             for name in new:
                 insort(self._known, name)
+
+    def _forget_below(self, start: str) -> None:
+        """Forget the names listed before ``start``, the start point of a look: later looks start there
+        or after, as their start points move forward. One that starts before (the newest instant rolled
+        back) reports the names between again, and the state knows them already."""
+        below = bisect_right(self._known, start) if start else 0
+        if below:
+            self._known_set.difference_update(self._known[:below])
+            del self._known[:below]
 
     def _forget(self, names: Collection[str]) -> None:
         if names:

@@ -121,7 +121,10 @@ class TableState:
     def _instant(self, event: InstantChanged) -> None:
         file = event.file
         time = file.requested_time
-        if time not in self._files and (settled := self._settled.pop(time)) is not None:
+        if time not in self._files and (settled := self._settled.get(time)) is not None:
+            if event.change is not Change.REMOVED and file == settled and event.entry is None:
+                return  # reported again (a full look, an archival that stopped half way): nothing new
+            self._settled.pop(time)
             self._files[time] = {_key(settled): settled}  # held in full while it changes
             self._visible[time] = settled
         if event.change is Change.REMOVED:
@@ -364,16 +367,17 @@ class _Settled:
             rest.insert(at, completion * len(_ACTIONS) + _ACTIONS.index(instant.action))
         self._rows = (times, rest)
 
-    def pop(self, time: str) -> Instant | None:
-        """The instant packed at ``time``, unpacked and no longer packed; None when none is."""
+    def get(self, time: str) -> Instant | None:
+        """The instant packed at ``time``, unpacked; None when none is."""
         times, rest = self._rows
-        key = int(time)
-        at = bisect_left(times, key)
-        if at == len(times) or times[at] != key:
-            return None
-        instant = _unpack(key, rest[at])
+        at = bisect_left(times, int(time)) if times else 0
+        return _unpack(times[at], rest[at]) if at < len(times) and times[at] == int(time) else None
+
+    def pop(self, time: str) -> None:
+        """No longer pack the instant at ``time`` (one is)."""
+        times, rest = self._rows
+        at = bisect_left(times, int(time))
         self._rows = (times[:at] + times[at + 1 :], rest[:at] + rest[at + 1 :])
-        return instant
 
 
 def _unpack(time: int, rest: int) -> Instant:
