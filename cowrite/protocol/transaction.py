@@ -11,14 +11,8 @@
    still held by the safety margin, it publishes ``<t>_<completion>.<action>`` with a completion time
    above every earlier one.
 
-Where the lock can tell that nobody held it in between (:meth:`~.locks.base.TableLock.follows`; the
-filesystem lock's ids name its turns), a listing taken before the lock is as good as one taken under
-it: everything that changes the timeline's completed part takes a turn of the lock. A writer notes the
-lock's turn before it lists the timeline at begin and takes the very next turn at commit with one try;
-when that works nothing completed since begin, and it publishes without listing again. Otherwise it
-notes the turn again, reads what completed meanwhile before taking the lock, and lists under the lock
-only when somebody held the lock in between. On an object store that keeps the lock's critical section
-to a few round trips (``README.md``, *What a commit costs*).
+Under the lock the timeline is listed again only when the lock cannot tell what its turns since begin
+published (:mod:`.turns`).
 
 A write may carry a :class:`~.txn.Txn` (an application id and a version): it is refused — nothing
 committed, :class:`~.errors.TxnAlreadyCommittedError` — when that version or a newer one of the
@@ -34,10 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import NamedTuple
 
 from cowrite.errors import (
     CommitFailedError,
@@ -53,9 +46,9 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.config import Config
 from cowrite.format.fs_view import BaseFile
-from cowrite.format.instant import Action, Instant, InvalidInstantError, State
+from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
-from cowrite.format.timeline import Timeline, instant_named
+from cowrite.format.timeline import Timeline
 from cowrite.protocol.conflict import (
     CHECKED,
     Candidate,
@@ -65,6 +58,7 @@ from cowrite.protocol.conflict import (
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.turns import Turns
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.backend import FileInfo, stays_inside
@@ -103,15 +97,6 @@ def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
 REVERTED_KEY = "cowrite.reverted.clusterings"
 
 
-class _Prepared(NamedTuple):
-    """What a commit publishes as of a timeline: its metadata carrying the applications' versions the
-    timeline's newest data commit carried (``carried``), and that metadata encoded."""
-
-    metadata: CommitMetadata
-    payload: bytes
-    carried: CommittedTxns
-
-
 @dataclass(frozen=True)
 class Revert:
     """A replacecommit, claimed and written up to inflight, that undoes clusterings."""
@@ -145,7 +130,7 @@ class Transaction:
         self.heartbeat: Heartbeat | None = None
         self.planned: CommitMetadata | None = None
         self._early_checked = 0.0
-        self._turn: int | None = None  # the lock's turn noted before the begin timeline was listed
+        self.turns = Turns(table, self.lock)
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -162,15 +147,8 @@ class Transaction:
         # judged by its .requested file, so a writer paused past the tolerance meanwhile may have been
         # rolled back, and fails to start.
         claiming = time.monotonic()
-
-        def note_turn() -> None:  # before the begin timeline is listed (see the module's docstring)
-            try:
-                self._turn = self.lock.turn()
-            except CowriteError as exc:  # the commit lists the timeline under the lock, as it can
-                log.info("could not note the lock's turn of %s: %s", self.table, exc)
-
         requested, timeline = self.table.begin_instant(
-            self.action, int(self.options.clock() * 1000), meanwhile=note_turn
+            self.action, int(self.options.clock() * 1000), meanwhile=self.turns.note
         )
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which
@@ -297,10 +275,13 @@ class Transaction:
         try:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
-            known, prepared = self._take_lock(metadata)
+            carried = CommittedTxns.of(self.table, self.begin_timeline)
+            metadata = self._with_txns(metadata, carried)
+            payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
+            known = self.turns.take(self.begin_timeline)
             try:
                 reached(Step.LOCKED, self.instant_time)
-                completed = self._publish(prepared, revert, known)
+                completed = self._publish(metadata, payload, revert, carried, known)
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
@@ -319,48 +300,6 @@ class Transaction:
         log.info("committed %s on %s", completed, self.table)
         return completed
 
-    def _take_lock(self, metadata: CommitMetadata) -> tuple[Timeline | None, _Prepared]:
-        """Take the table lock; return the timeline as it is under the lock when the lock can tell
-        (see the module's docstring), else None, with what the commit publishes as of begin (encoded
-        before taking the lock others wait for)."""
-        prepared = self._prepare(metadata, self.begin_timeline)
-        if not self.lock.acquire_next(self._turn):
-            self.lock.on_published = self._read_published
-            self.lock.acquire()
-        return self._timeline_after(self.lock.published_since(self._turn)), prepared
-
-    def _read_published(self, notes: Mapping[int, str]) -> None:
-        """While the lock is another's: read the commits the turns since begin published (the reads are
-        kept), so that once this writer holds the lock it has them at hand."""
-        if self._turn is None:
-            return
-        instants = [i for lock_id, name in notes.items() if lock_id > self._turn and (i := _completed(name))]
-        try:
-            self.table.commit_metadata_of([i for i in instants if i.action.writes_data])
-        except CowriteError:  # a note is made beside its completed file: read it again under the lock
-            pass
-
-    def _timeline_after(self, published: list[str] | None) -> Timeline | None:
-        """The begin timeline with the instants ``published`` since completed, once their commits are
-        read; None when the lock cannot tell what was published, or a noted commit cannot be read."""
-        if published is None:
-            return None
-        instants = [_completed(name) for name in published]
-        if not all(instants):
-            return None
-        completed = [i for i in instants if i is not None]
-        try:
-            self.table.commit_metadata_of([i for i in completed if i.action.writes_data])
-        except CowriteError as exc:
-            log.info("listing the timeline under the lock: a noted commit cannot be read (%s)", exc)
-            return None
-        return Timeline([*self.begin_timeline, *completed])
-
-    def _prepare(self, metadata: CommitMetadata, timeline: Timeline) -> _Prepared:
-        carried = CommittedTxns.of(self.table, timeline)
-        metadata = self._with_txns(metadata, carried)
-        return _Prepared(metadata, metadata.to_bytes(self.action), carried)
-
     def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
         """``metadata`` carrying ``carried`` forward, with this write's own txn added."""
         txns = carried.with_commit(self.options.txn, self.instant_time)
@@ -375,13 +314,17 @@ class Transaction:
         return [Candidate(i, m) for i, m in zip(completed, metadata, strict=True)]
 
     def _publish(
-        self, prepared: _Prepared, revert: RevertClustering | None, known: Timeline | None
+        self,
+        metadata: CommitMetadata,
+        payload: bytes,
+        revert: RevertClustering | None,
+        carried: CommittedTxns,
+        known: Timeline | None,
     ) -> Instant:
-        """Under the lock: check, then create the completed file. ``known`` is a timeline nobody changed
-        since it was listed (None: list it now). ``prepared``'s payload is encoded again only if commits
-        completed meanwhile changed the map of applications' versions."""
+        """Under the lock: check, then create the completed file. ``known`` is the timeline as it is now
+        (None: list it). ``payload`` is ``metadata`` encoded, carrying ``carried`` forward; it is encoded
+        again only if commits completed meanwhile changed the map of applications' versions."""
         assert self.instant is not None and self.heartbeat is not None
-        metadata, payload, carried = prepared
         timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
         if mine is None or mine.is_completed:
@@ -526,15 +469,6 @@ class Transaction:
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
                     log.warning("could not delete %s after abort: %s", path, exc)
         self._release_lock()
-
-
-def _completed(name: str) -> Instant | None:
-    """The completed instant a lock's note names; None for any other name."""
-    try:
-        instant = instant_named(name)
-    except InvalidInstantError:
-        return None
-    return instant if instant is not None and instant.is_completed else None
 
 
 def _abort_reason(cause: BaseException | None) -> str:

@@ -1,0 +1,86 @@
+"""What a writer knows of the timeline once it holds the table lock, without listing it again.
+
+Everything that changes the completed part of the timeline — a commit, a rollback, a clean, an archival —
+happens in a turn of the table lock. Where the lock can tell what its turns published
+(:meth:`~.locks.base.TableLock.published_since`; the filesystem lock's ids number its turns, and a
+writer's turn leaves a note of its completed file), a listing taken before the lock is as good as one
+taken under it. A writer notes the lock's turn right before it lists the timeline at begin; at commit it
+takes the very next turn with one try, and when that works nothing completed since begin. Otherwise it
+waits for the lock, reading the commits the turns so far noted meanwhile, and once it holds the lock it
+knows the timeline — the one it began on, with the noted commits completed — if every turn in between
+left a usable note. When one did not (a table service's turn, an expired holder's, a note whose commit is
+not there), the timeline is listed under the lock as always. On an object store that keeps the lock's
+critical section to four round trips (``README.md``, *What a commit costs*).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from cowrite.errors import CowriteError
+from cowrite.format.instant import Instant, InvalidInstantError
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline, instant_named
+from cowrite.protocol.locks import TableLock
+
+log = logging.getLogger(__name__)
+
+
+class Turns:
+    """One writer's view of the lock's turns, from its begin (:meth:`note`) to its commit (:meth:`take`)."""
+
+    def __init__(self, table: Table, lock: TableLock) -> None:
+        self.table = table
+        self.lock = lock
+        self.noted: int | None = None  # the last turn of the lock before the begin timeline was listed
+
+    def note(self) -> None:
+        """Note the lock's last turn; call right before the begin timeline is listed. A failure only
+        costs the commit a listing under the lock."""
+        try:
+            self.noted = self.lock.turn()
+        except CowriteError as exc:
+            log.info("could not note the lock's turn of %s: %s", self.table, exc)
+
+    def take(self, begun: Timeline) -> Timeline | None:
+        """Take the lock; return the timeline as it is under it — ``begun``, listed after the note, with
+        what the turns since published — when the lock can tell, else None (list it under the lock).
+        Raises what the lock's ``acquire`` raises."""
+        if not self.lock.acquire_next(self.noted):
+            self.lock.on_published = self._read_published
+            self.lock.acquire()
+        published = self.lock.published_since(self.noted)
+        if published is None:
+            return None
+        instants = [_completed(name) for name in published]
+        completed = [i for i in instants if i is not None]
+        if len(completed) < len(instants):
+            return None
+        try:
+            self.table.commit_metadata_of([i for i in completed if i.action.writes_data])
+        except CowriteError as exc:
+            log.info("listing the timeline under the lock: a noted commit cannot be read (%s)", exc)
+            return None
+        return Timeline([*begun, *completed])
+
+    def _read_published(self, notes: Mapping[int, str]) -> None:
+        """While the lock is another's: read the commits the turns since the note published (reads are
+        kept), so that once this writer holds the lock it has them at hand."""
+        if self.noted is None:
+            return
+        after = self.noted
+        instants = [i for lock_id, name in notes.items() if lock_id > after and (i := _completed(name))]
+        try:
+            self.table.commit_metadata_of([i for i in instants if i.action.writes_data])
+        except CowriteError:  # a note is made beside its completed file: read it again under the lock
+            pass
+
+
+def _completed(name: str) -> Instant | None:
+    """The completed instant a lock's note names; None for any other name."""
+    try:
+        instant = instant_named(name)
+    except InvalidInstantError:
+        return None
+    return instant if instant is not None and instant.is_completed else None
