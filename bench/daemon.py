@@ -63,7 +63,8 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder
-from cowrite.protocol.locks.filesystem import LOCK_DIR, FileSystemLock, read_release
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.lock_files import LOCK_DIR, read_release
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SCHEMA = json.dumps(

@@ -26,7 +26,7 @@ from typing import Any
 
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR
-from cowrite.protocol.locks.filesystem import LOCK_DIR
+from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.storage.backend import Storage
 
 from .checker import Checker, Stats, Violation

@@ -31,7 +31,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR
-from cowrite.protocol.locks.filesystem import LOCK_DIR, current_lock, read_holder, read_release
+from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock, read_holder, read_release
 from cowrite.storage.backend import FileInfo, Storage
 
 from .model import Model, Record

@@ -53,7 +53,7 @@ from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR, TIMELINE_DIR, instant_named
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, abort_reason
-from cowrite.protocol.locks.filesystem import LOCK_DIR, holder_or_unknown, parse_lock_file, read_release
+from cowrite.protocol.locks.lock_files import LOCK_DIR, holder_or_unknown, parse_lock_file, read_release
 from cowrite.storage.backend import FileInfo, LocalStorage
 
 log = logging.getLogger(__name__)

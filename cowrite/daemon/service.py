@@ -59,7 +59,7 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.locks.factory import FILESYSTEM, provider_name
-from cowrite.protocol.locks.filesystem import acquired_path, collect_garbage, expire_lock, judge_holder
+from cowrite.protocol.locks.lock_files import acquired_path, collect_garbage, expire_lock, judge_holder
 from cowrite.storage.backend import FileInfo
 
 log = logging.getLogger(__name__)

@@ -32,11 +32,11 @@ from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, Lo
 from cowrite.format import config as keys
 from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_path
-from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesystem, lock_for
+from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesystem, lock_files, lock_for
 from cowrite.protocol.locks.factory import zookeeper_hosts
-from cowrite.protocol.locks.filesystem import (
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
-    FileSystemLock,
     acquired_path,
     collect_garbage,
     current_lock,
@@ -462,9 +462,9 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
 
     # The contender's first listing is the stale one; every later one is fresh.
-    real_scan = filesystem._scan
-    views = iter([filesystem._lock_files(stale_view)])
-    monkeypatch.setattr(filesystem, "_scan", lambda storage: next(views, None) or real_scan(storage))
+    real_scan = filesystem.scan
+    views = iter([lock_files.files_named(stale_view)])
+    monkeypatch.setattr(filesystem, "scan", lambda storage: next(views, None) or real_scan(storage))
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with pytest.raises(LockTimeoutError, match="real-holder"):
         contender.acquire(timeout=0.1)

@@ -38,7 +38,7 @@ from cowrite.local.read import snapshot
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.liveness import judge
-from cowrite.protocol.locks.filesystem import LOCK_DIR, current_lock, read_release
+from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock, read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
 

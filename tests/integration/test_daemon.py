@@ -61,7 +61,8 @@ from cowrite.format.table import PROPERTIES_FILE, Table
 from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
 from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import LockHolder
-from cowrite.protocol.locks.filesystem import LOCK_DIR, FileSystemLock, current_lock
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 LOCK_WORKER = TESTS / "support" / "lock_worker.py"
@@ -276,19 +277,22 @@ def test_lock_waits_are_observed_and_old_lock_files_collected(target: Target) ->
         heartbeat = Heartbeat(table.storage, blocker, target.policy).start()
         lock = FileSystemLock(table.storage, LockHolder(instant=blocker), target.policy)
         lock.acquire()
-        waiting = threading.Thread(target=lambda: writer(table).insert(rows(["k1"])))
+        commits: list[Instant | None] = []
+        waiting = threading.Thread(target=lambda: commits.append(writer(table).insert(rows(["k1"]))))
         waiting.start()
         time.sleep(0.7)
         lock.release()
         heartbeat.stop()
         waiting.join(WAIT)
         for n in range(4):
-            writer(table).insert(rows([f"k{n + 2}"], part=f"p{n + 1}"))
+            commits.append(writer(table).insert(rows([f"k{n + 2}"], part=f"p{n + 1}")))
         highest = current_lock(table.storage).lock_id  # type: ignore[union-attr]
         assert highest == 6  # the blocker's lock, then one per write (to commit)
-        expected = {
-            f"lock{i}.{kind}" for i in range(highest - 3, highest + 1) for kind in ("acquired", "released")
-        }
+        kept = range(highest - 3, highest + 1)
+        expected = {f"lock{i}.{kind}" for i in kept for kind in ("acquired", "released")}
+        # every writer's turn left a note of what it published (lock<id>.published.<file>): those of the
+        # kept turns stay, older ones go with their locks
+        expected |= {f"lock{i}.published.{c.file_name}" for i, c in zip(kept, commits[-4:], strict=True) if c}
         wait_until(
             lambda: {i.name for i in table.storage.list(LOCK_DIR)} == expected, "old lock files collected"
         )

@@ -33,7 +33,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import heartbeat_path
-from cowrite.protocol.locks.filesystem import acquired_path
+from cowrite.protocol.locks.lock_files import acquired_path
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 # -- the daemon over corrupt files --------------------------------------------------------------------

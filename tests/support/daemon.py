@@ -31,7 +31,7 @@ from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
-from cowrite.protocol.locks.filesystem import read_release
+from cowrite.protocol.locks.lock_files import read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
 from support import TESTS

@@ -22,7 +22,7 @@ from typing import Any
 from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
-from cowrite.protocol.locks.filesystem import collect_garbage
+from cowrite.protocol.locks.lock_files import collect_garbage
 from cowrite.storage.backend import Storage
 
 

@@ -149,7 +149,7 @@ def observe_steps(pause: Pause, turns: Turns, commit_log: Path | None) -> None:
 def inject_failure(failure: str, storage_class: type[Storage]) -> None:
     """Make the listing right after this process creates a lock file fail once (``lock-rescan``)."""
     assert failure == "lock-rescan"
-    create, scan = storage_class.create_if_absent, filesystem._scan
+    create, scan = storage_class.create_if_absent, filesystem.scan
     armed = {"now": False, "spent": False}
 
     def create_if_absent(self: Storage, path: str, data: bytes) -> bool:
@@ -165,7 +165,7 @@ def inject_failure(failure: str, storage_class: type[Storage]) -> None:
         return scan(storage)
 
     storage_class.create_if_absent = create_if_absent  # type: ignore[method-assign]
-    filesystem._scan = failing_scan
+    filesystem.scan = failing_scan
 
 
 def report_lock_tries(count: int, path: Path) -> None:

@@ -21,7 +21,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.locks.filesystem import LOCK_DIR
+from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.protocol.transaction import WriteOptions
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
