@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from cowrite.errors import CorruptTimelineError, InstantGoneError
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.fs_view import BaseFile
+from cowrite.format.fs_view import BaseFile, own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.markers import delete_markers, marked_files
 from cowrite.format.service_metadata import RollbackPlan, RollbackResult
@@ -31,7 +31,6 @@ from cowrite.format.timeline import Timeline
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.liveness import judge, pending_writers
 from cowrite.protocol.locks import TableLock
-from cowrite.protocol.transaction import own_files
 from cowrite.storage.backend import FileInfo, stays_inside
 
 log = logging.getLogger(__name__)

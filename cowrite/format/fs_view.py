@@ -14,6 +14,7 @@ failed instant is younger than the first instant — the cleaner removes garbage
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,10 +23,13 @@ from typing import IO
 
 from cowrite.errors import BaseFileGoneError, TimeTravelCleanedError
 from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.storage.backend import FileInfo, Storage
+from cowrite.storage.backend import FileInfo, Storage, stays_inside
+
+log = logging.getLogger(__name__)
 
 BASE_FILE_EXTENSION = ".parquet"
 _BASE_FILE = re.compile(r"(?P<file_id>[^_/]+)_(?P<token>[^_/]+)_(?P<time>\d{17})\.parquet")
@@ -173,3 +177,21 @@ def replaced_file_groups(table: Table, commits: Iterable[Instant]) -> set[tuple[
         for partition, file_ids in table.commit_metadata(instant).replaced_file_ids.items()
         for file_id in file_ids
     }
+
+
+def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
+    """The planned base files that carry ``instant_time`` in their name.
+
+    Only these can be garbage of the instant: a plan naming any other file (a bug, a forged plan) must
+    never make an abort or a rollback delete data of another commit.
+    """
+    files = []
+    for stat in plan.write_stats:
+        base = BaseFile.parse(FileInfo(stat.path, 0, 0.0))
+        if base is not None and base.instant_time == instant_time and stays_inside(stat.path):
+            files.append(stat.path)
+        else:
+            log.warning(
+                "plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path
+            )
+    return files

@@ -45,7 +45,7 @@ from cowrite.errors import (
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.config import Config
-from cowrite.format.fs_view import BaseFile
+from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
 from cowrite.format.timeline import Timeline
@@ -61,7 +61,6 @@ from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 from cowrite.protocol.turns import Turns
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
-from cowrite.storage.backend import FileInfo, stays_inside
 from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
@@ -131,6 +130,7 @@ class Transaction:
         self.planned: CommitMetadata | None = None
         self._early_checked = 0.0
         self.turns = Turns(table, self.lock)
+        self._publishing = False  # the completed file's creation has begun (under the lock)
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -279,12 +279,15 @@ class Transaction:
             metadata = self._with_txns(metadata, carried)
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
             known = self.turns.take(self.begin_timeline)
+            self._publishing = False
             try:
                 reached(Step.LOCKED, self.instant_time)
                 completed = self._publish(metadata, payload, revert, carried, known)
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
+                if not self._publishing:  # a turn that published nothing says so: later holders need not list
+                    self._note_published(None)
                 self._release_lock()
         except CommitStateUnknownError:
             self.heartbeat.stop(delete=False)
@@ -358,8 +361,9 @@ class Transaction:
         create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
         # The lock's note goes out with the completed file (one round trip for both on an object store);
         # a turn that also publishes a revert is not noted: later holders list the timeline.
-        note = [partial(self._note_published, done)] if reverted is None else []
+        note = [partial(self._note_published, done.file_name)] if reverted is None else []
         calls: list[Callable[[], object]] = [create, *note]
+        self._publishing = True
         try:
             created = together(self.table.storage, calls)[0]
         except StorageError as exc:
@@ -375,13 +379,13 @@ class Transaction:
             self._publish_revert(reverted, metadata.extra[TXNS_KEY])
         return done
 
-    def _note_published(self, done: Instant) -> None:
-        """Note ``done`` with the lock for later holders; a note that cannot be made only costs them a
-        listing."""
+    def _note_published(self, published: str | None) -> None:
+        """Note the completed file ``published`` (None: nothing) with the lock for later holders; a note
+        that cannot be made only costs them a listing."""
         try:
-            self.lock.note_published(done.file_name)
+            self.lock.note_published(published)
         except CowriteError as exc:
-            log.info("could not note %s with the lock of %s: %s", done, self.table, exc)
+            log.info("could not note %s with the lock of %s: %s", published, self.table, exc)
 
     def _being_rolled_back(self, timeline: Timeline) -> bool:
         """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after
@@ -479,21 +483,3 @@ def _abort_reason(cause: BaseException | None) -> str:
     if isinstance(cause, TxnAlreadyCommittedError):
         return "already-committed"
     return "error"
-
-
-def own_files(plan: CommitMetadata, instant_time: str) -> list[str]:
-    """The planned base files that carry ``instant_time`` in their name.
-
-    Only these can be garbage of the instant: a plan naming any other file (a bug, a forged plan) must
-    never make an abort or a rollback delete data of another commit.
-    """
-    files = []
-    for stat in plan.write_stats:
-        base = BaseFile.parse(FileInfo(stat.path, 0, 0.0))
-        if base is not None and base.instant_time == instant_time and stays_inside(stat.path):
-            files.append(stat.path)
-        else:
-            log.warning(
-                "plan of %s names %s, which it did not write; leaving it alone", instant_time, stat.path
-            )
-    return files

@@ -667,3 +667,39 @@ def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPa
     config = Config({keys.LOCK_PROVIDER.key: "zookeeper", keys.ZK_URL.key: "zk1"})
     with pytest.raises(ConfigError, match=r"pip install cowrite\[zookeeper\]"):
         lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
+
+
+def test_the_turns_since_a_noted_one_tell_what_they_published(storage: Storage) -> None:
+    """Lock ids number the turns. A writer that noted a turn learns, once it holds the lock, what every
+    turn since published — if each one noted it (a file, or nothing) — and learns nothing (None) as soon
+    as one turn did not (a table service's)."""
+    published = "20261126000000001_20261126000000002.commit"
+    first = fs_lock(storage)
+    turn = first.turn()
+    assert turn == 0 and first.acquire_next(turn)  # the very next turn, with one try
+    assert first.lock_id == 1 and first.published_since(turn) == []
+    first.note_published(published)
+    first.release()
+
+    noted = fs_lock(storage)
+    later = noted.turn()
+    assert later == 1 and not fs_lock(storage).acquire_next(later)  # only who noted a free lock tries
+    loser = fs_lock(storage)
+    loser.acquire(timeout=5)
+    loser.note_published(None)  # lost a conflict: published nothing
+    loser.release()
+    assert not noted.acquire_next(later)  # lock2 was taken meanwhile
+    noted.acquire(timeout=5)
+    assert noted.lock_id == 3
+    assert noted.published_since(turn) == [published] and noted.published_since(later) == []
+    noted.release()
+
+    with fs_lock(storage, LockHolder(owner="cleaner")):  # lock4: a service's turn notes nothing
+        pass
+    last = fs_lock(storage)
+    last.acquire(timeout=5)
+    assert last.published_since(turn) is None and last.published_since(4) == []
+    last.release()
+    assert {name for name in storage.names(LOCK_DIR) if ".published." in name} == {
+        f"lock1.published.{published}", "lock2.published.nothing"
+    }

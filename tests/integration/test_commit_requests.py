@@ -30,6 +30,7 @@ from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.steps import Step, observe
 
 sys.path.insert(0, str(ROOT))
@@ -103,8 +104,8 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
 ) -> None:
     """While A writes, B commits to the same file group and notes it with the lock. A, whose begin
     preceded B's turn, takes the turn after B's without listing the timeline: it reads B's commit, which
-    the note names, finds the conflict and publishes nothing. (A writer that waited for the lock has read
-    such commits while it waited.)"""
+    the note names, finds the conflict, publishes nothing and notes that. (A writer that waited for the
+    lock has read such commits while it waited.)"""
     slow, fast = LocalWriter(through(table, proxy, "slow")), LocalWriter(through(table, proxy, "fast"))
     slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
     fast.upsert(rows(["y"], part="p8"))
@@ -120,10 +121,12 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     proxy.reset()
     with observe(meanwhile), pytest.raises(WriteConflictError):
         slow.upsert(rows(["a"], ts=4, value="slow"))
-    # the lock, the listing that shows it held, B's commit (which the note names), the release
+    # the lock, the listing that shows it held, B's commit (which the note names), a note that this turn
+    # published nothing (later holders need not list for it), the release
     assert critical_section(proxy.reset(), "slow") == [
-        ("PUT", "locks"), ("LIST", "locks"), ("GET", "timeline"), ("PUT", "locks")
+        ("PUT", "locks"), ("LIST", "locks"), ("GET", "timeline"), ("PUT", "locks"), ("PUT", "locks")
     ]  # fmt: skip
+    assert sum(name.endswith(".published.nothing") for name in table.storage.names(LOCK_DIR)) == 1
     expected = [{"id": "a", "part": "p0", "ts": 3, "value": "fast"}, {"id": "b", "part": "p0", "ts": 1,
                 "value": "v"}, {"id": "y", "part": "p8", "ts": 1, "value": "v"},
                 {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip

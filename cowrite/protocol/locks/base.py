@@ -106,10 +106,10 @@ class TableLock(ABC):
         """
         return None
 
-    def note_published(self, published: str) -> None:
-        """Note, for later holders, that this turn publishes the completed file ``published`` and
-        changes nothing else; call before :meth:`release`, at most once a turn. Raises what the storage
-        raises (the note is then missing: later holders list the timeline)."""
+    def note_published(self, published: str | None) -> None:
+        """Note, for later holders, that this turn publishes the completed file ``published`` (None:
+        nothing) and changes nothing else; call before :meth:`release`, at most once a turn. Raises what
+        the storage raises (the note is then missing: later holders list the timeline)."""
         return None  # a provider without turns has nobody to tell
 
     def _policy(self, timeout: float | None) -> RetryPolicy:

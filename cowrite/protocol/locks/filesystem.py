@@ -26,6 +26,7 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder, TableLock
 from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
+    NOTHING,
     LockFiles,
     ReleaseReason,
     acquired_path,
@@ -183,9 +184,9 @@ class FileSystemLock(TableLock):
         between = range(turn + 1, held)
         if any(lock_id not in listed.published for lock_id in between):
             return None
-        return [listed.published[lock_id] for lock_id in between]
+        return [name for lock_id in between if (name := listed.published[lock_id]) != NOTHING]
 
-    def note_published(self, published: str) -> None:
+    def note_published(self, published: str | None) -> None:
         if self._id is not None:
             self.storage.create_if_absent(note_path(self._id, published), b"")
 

@@ -9,7 +9,8 @@ Files, each created once with create-if-absent and never rewritten:
 - ``lock<id>.released``: JSON ``{"owner", "reason", "time"}`` — who released it, ``released`` by the holder
   or ``expired`` by someone else, and when (seconds since the epoch);
 - ``lock<id>.published.<completed instant file>`` (empty): what the holder of a writer's turn published,
-  created beside the completed file and before the release
+  created beside the completed file and before the release; ``lock<id>.published.nothing`` for a
+  writer's turn that published nothing (it lost a conflict)
   (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.note_published`). A turn without one changed
   what nobody can tell from the lock directory (a table service, an expired holder). A later holder who
   saw the timeline before some turn, and finds a note for every turn since, knows the timeline's
@@ -53,8 +54,11 @@ def released_path(lock_id: int) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.released"
 
 
-def note_path(lock_id: int, published: str) -> str:
-    return f"{LOCK_DIR}/lock{lock_id}.published.{published}"
+NOTHING = "nothing"  # what a note names for a turn that published nothing
+
+
+def note_path(lock_id: int, published: str | None) -> str:
+    return f"{LOCK_DIR}/lock{lock_id}.published.{published or NOTHING}"
 
 
 class ReleaseReason(StrEnum):
