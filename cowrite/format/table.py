@@ -41,7 +41,7 @@ from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.process import keep_mapping, memo
 from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
-from cowrite.storage.together import together
+from cowrite.storage.together import beside, together
 
 log = logging.getLogger(__name__)
 
@@ -330,9 +330,8 @@ class Table:
                 instant = Instant(from_millis(millis), action, State.REQUESTED)
                 content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
                 create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
-                calls: list[Callable[[], object]] = [create] if meanwhile is None else [create, meanwhile]
-                meanwhile = None
-                if together(self.storage, calls)[0]:
+                created, meanwhile = beside(self.storage, create, meanwhile), None
+                if created:
                     break
                 millis += 1
             after = self.timeline()

@@ -61,7 +61,7 @@ from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 from cowrite.protocol.turns import Turns
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
-from cowrite.storage.together import together
+from cowrite.storage.together import beside
 
 log = logging.getLogger(__name__)
 
@@ -361,11 +361,10 @@ class Transaction:
         create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
         # The lock's note goes out with the completed file (one round trip for both on an object store);
         # a turn that also publishes a revert is not noted: later holders list the timeline.
-        note = [partial(self._note_published, done.file_name)] if reverted is None else []
-        calls: list[Callable[[], object]] = [create, *note]
+        note = partial(self._note_published, done.file_name) if reverted is None else None
         self._publishing = True
         try:
-            created = together(self.table.storage, calls)[0]
+            created = beside(self.table.storage, create, note)
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "

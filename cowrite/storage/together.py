@@ -29,6 +29,22 @@ def together(storage: Storage, calls: Sequence[Callable[[], T]]) -> list[T]:
     return [future.result() for future in futures]
 
 
+def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] | None) -> T:
+    """What ``call`` returns, with ``also`` (if any) made at once beside it: :func:`together` of a main
+    request and a side one, whose result is not wanted."""
+    if also is None or not storage.round_trips:
+        result = call()
+        if also is not None:
+            also()
+        return result
+    main, side = _requests().submit(call), _requests().submit(also)
+    failed = side.exception()  # waits for it
+    result = main.result()  # raises first, as together does
+    if failed is not None:
+        raise failed
+    return result
+
+
 def in_background(storage: Storage, call: Callable[[], object], what: str) -> None:
     """Make the requests of ``call`` without waiting for them where each is a round trip (a failure is
     logged as ``what`` failing); on local disk, make them now. For work nobody waits for: a process

@@ -24,6 +24,7 @@ from support.tables import new_table, rows
 from cowrite.cleaner import service_lock
 from cowrite.errors import WriteConflictError
 from cowrite.format import config as keys
+from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
@@ -110,22 +111,28 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
     fast.upsert(rows(["y"], part="p8"))
 
-    done: list[str] = []
+    done: list[Instant | None] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
         if step is Step.WRITTEN and not done:
-            done.append("fast")
             with observe(lambda *_: None):
-                fast.upsert(rows(["a"], ts=3, value="fast"))
+                done.append(fast.upsert(rows(["a"], ts=3, value="fast")))
 
     proxy.reset()
     with observe(meanwhile), pytest.raises(WriteConflictError):
         slow.upsert(rows(["a"], ts=4, value="slow"))
-    # the lock, the listing that shows it held, B's commit (which the note names), a note that this turn
-    # published nothing (later holders need not list for it), the release
-    assert critical_section(proxy.reset(), "slow") == [
-        ("PUT", "locks"), ("LIST", "locks"), ("GET", "timeline"), ("PUT", "locks"), ("PUT", "locks")
-    ]  # fmt: skip
+    # the lock, the listing that shows it held, a note that this turn published nothing (later holders
+    # need not list for it), the release; B's commit, which the note names, was read beside taking the
+    # lock (one round trip for both)
+    requests = proxy.reset()
+    section = critical_section(requests, "slow")
+    expected = [("PUT", "locks"), ("LIST", "locks"), ("PUT", "locks"), ("PUT", "locks")]
+    assert [r for r in section if r != ("GET", "timeline")] == expected
+    mine = [r for r in requests if r.client == "slow"]
+    taking = [r for r in mine if r.kind == "PUT" and r.path.endswith(".acquired")][-1]
+    assert done[0] is not None
+    reading = [r for r in mine if r.kind == "GET" and unquote(r.path).endswith(done[0].file_name)]
+    assert len(reading) == 1 and reading[0].began < taking.ended and taking.began < reading[0].ended
     assert sum(name.endswith(".published.nothing") for name in table.storage.names(LOCK_DIR)) == 1
     expected = [{"id": "a", "part": "p0", "ts": 3, "value": "fast"}, {"id": "b", "part": "p0", "ts": 1,
                 "value": "v"}, {"id": "y", "part": "p8", "ts": 1, "value": "v"},

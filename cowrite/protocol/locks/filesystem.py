@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
+from functools import partial
 
 from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
 from cowrite.process import keep_mapping
@@ -43,7 +44,7 @@ from cowrite.protocol.locks.lock_files import (
 )
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
-from cowrite.storage.together import in_background
+from cowrite.storage.together import beside, in_background
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,10 @@ class FileSystemLock(TableLock):
             if self.on_published is not None and files.published:
                 self.on_published(files.published)
             return self._judge(files, current)
+        if self.on_published is not None and files.published:
+            # what the last turns published is read beside taking the next: one round trip for both
+            read = partial(self.on_published, files.published)
+            return beside(self.storage, partial(self._take, current + 1), read)
         return self._take(current + 1)
 
     def _take(self, candidate: int) -> _Outcome:
