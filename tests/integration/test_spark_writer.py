@@ -648,7 +648,9 @@ def test_a_spark_upsert_and_a_concurrent_upsert_of_one_new_key_conflict(
 
     def merge_while_another_upserts(self: SparkWriter, *args: Any, **kwargs: Any) -> Any:
         metadata = merge(self, *args, **kwargs)
-        local_writer(table).upsert(frame((2, "a", 1, "local")))  # commits first
+        # commits first, under the table's lock as the Spark writer does (every writer of a table must
+        # use the same lock: it is what tells a committer what the others published)
+        LocalWriter(table).upsert(frame((2, "a", 1, "local")))
         return metadata
 
     monkeypatch.setattr(engine_module.SparkWriter, "_merge", merge_while_another_upserts)
