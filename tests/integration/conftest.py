@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from support.daemon import Processes
+from support.request_counts import ProxyProcess
+from support.servers import S3Server
 
 
 @pytest.fixture
@@ -17,3 +19,10 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         yield started
     finally:
         started.cleanup()
+
+
+@pytest.fixture(scope="module")
+def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
+    """The S3 server behind a proxy that counts and traces every request (no delay)."""
+    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
+        yield running

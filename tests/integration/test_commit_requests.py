@@ -8,16 +8,15 @@ are read back with cowrite and hudi-rs after every scenario.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote
 
 import pytest
-from support import ROOT, hudi_rs
+from support import hudi_rs
 from support.hudi_rs import rows as as_rows
+from support.request_counts import ProxyProcess, Request, what
 from support.servers import S3Server
 from support.tables import new_table, rows
 
@@ -34,24 +33,9 @@ from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.steps import Step, observe
 
-sys.path.insert(0, str(ROOT))
-from bench.proxy import ProxyProcess, Request  # noqa: E402
-
 NO_RETRY = {keys.RETRIES_ON_CONFLICT.key: "0"}
 
 
-@pytest.fixture(scope="module")
-def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
-    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
-        yield running
-
-
-def what(request: Request) -> tuple[str, str]:
-    """A request as (kind, what it is about): the directory listed, or the directory of the file."""
-    url = urlsplit(request.path)
-    if request.kind == "LIST":
-        return "LIST", parse_qs(url.query)["prefix"][0].rstrip("/").rsplit("/", 1)[-1]
-    return request.kind, unquote(url.path).rsplit("/", 2)[-2]
 
 
 def through(table: Table, proxy: ProxyProcess, client: str) -> Table:

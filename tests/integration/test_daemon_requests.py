@@ -8,17 +8,14 @@ deployed daemon does.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
-from support import ROOT
+from support.request_counts import ProxyProcess, what
 from support.servers import S3Server
 from support.tables import rows
 
@@ -32,25 +29,9 @@ from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
-sys.path.insert(0, str(ROOT))
-from bench.proxy import ProxyProcess, Request  # noqa: E402
-
 INTERVAL_MS = 1000  # the tables' heartbeat interval: how often an idle poll also looks at the locks
 
 
-@pytest.fixture(scope="module")
-def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
-    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
-        yield running
-
-
-def what(request: Request) -> tuple[str, str]:
-    """A request as (kind, what it is about): the directory listed, or the directory of the file."""
-    url = urlsplit(request.path)
-    if request.kind == "LIST":
-        prefix = parse_qs(url.query)["prefix"][0]
-        return "LIST", prefix.rstrip("/").rsplit("/", 1)[-1]
-    return request.kind, unquote(url.path).rsplit("/", 2)[-2]
 
 
 def history(table: Table, commits: int) -> None:
