@@ -24,6 +24,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from cowrite.daemon.events import (
     ArchiveRead,
@@ -333,8 +334,8 @@ _ACTIONS = list(Action)
 class _Settled:
     """Completed instants, each alone at its requested time, packed into two arrays sorted by requested
     time: the requested time as an integer (instant times are 17 digits), and the completion time times
-    four plus the action. Each change replaces both arrays at once, so the HTTP endpoint's threads, which
-    read while a poll folds, see one version or the other."""
+    the number of actions plus the action's index. Each change replaces both arrays at once, so the HTTP
+    endpoint's threads, which read while a poll folds, see one version or the other."""
 
     def __init__(self) -> None:
         self._rows: tuple[array[int], array[int]] = (array("Q"), array("Q"))
@@ -359,7 +360,7 @@ class _Settled:
     def add(self, instants: Iterable[Instant]) -> None:
         """Pack ``instants`` (completed, at times not packed yet)."""
         times, rest = array("Q", self._rows[0]), array("Q", self._rows[1])
-        for instant in sorted(instants, key=_requested):
+        for instant in sorted(instants, key=attrgetter("requested_time")):
             time = int(instant.requested_time)
             at = len(times) if not times or time > times[-1] else bisect_left(times, time)
             times.insert(at, time)
@@ -396,7 +397,3 @@ def _latest_first(instant: Instant) -> tuple[int, str]:
 
 def _completion(entry: CommitEntry) -> str:
     return entry.completion_time
-
-
-def _requested(instant: Instant) -> str:
-    return instant.requested_time

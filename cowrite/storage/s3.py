@@ -60,15 +60,3 @@ def keys_after(fs: AbstractFileSystem, directory: str, after: str) -> list[tuple
             return found
         more = {"ContinuationToken": page["NextContinuationToken"]}
 
-
-def delete_keys(fs: AbstractFileSystem, paths: list[str]) -> None:
-    """Delete the objects ``paths`` (``bucket/key``, one bucket) with DeleteObjects, a thousand a request;
-    a missing key counts as deleted. Raises what s3fs raises, and ``OSError`` for a key S3 refused."""
-    for start in range(0, len(paths), PAGE):
-        batch = paths[start : start + PAGE]
-        bucket = batch[0].partition("/")[0]
-        objects = [{"Key": path.partition("/")[2]} for path in batch]
-        answer = fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
-        if answer.get("Errors"):
-            refused = answer["Errors"][0]
-            raise OSError(f"S3 refused to delete {refused.get('Key')}: {refused.get('Message')}")

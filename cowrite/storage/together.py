@@ -31,18 +31,23 @@ def together(storage: Storage, calls: Sequence[Callable[[], T]]) -> list[T]:
 
 def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] | None) -> T:
     """What ``call`` returns, with ``also`` (if any) made at once beside it: :func:`together` of a main
-    request and a side one, whose result is not wanted."""
+    request and a side one, whose result is not wanted; ``call``'s failure is raised first.
+
+    ``call`` runs in a thread of the pool and ``also`` in the caller's, so that a side that makes
+    requests at once itself (reading several commits) never waits for the pool from inside it: every
+    task of the pool is a request that waits for nothing else."""
     if also is None or not storage.round_trips:
         result = call()
         if also is not None:
             also()
         return result
-    main, side = _requests().submit(call), _requests().submit(also)
-    failed = side.exception()  # waits for it
-    result = main.result()  # raises first, as together does
-    if failed is not None:
-        raise failed
-    return result
+    main = _requests().submit(call)
+    try:
+        also()
+    except BaseException:
+        main.result()
+        raise
+    return main.result()
 
 
 def in_background(storage: Storage, call: Callable[[], object], what: str) -> None:

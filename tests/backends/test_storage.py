@@ -478,3 +478,11 @@ def test_list_after_returns_the_files_named_after_a_name_sorted(
     assert [(i.size, i.modified > 0) for i in storage.list_after("dir", "c_y")] == [(3, True)]
     assert storage.list_after("dir", "d") == []
     assert storage.list_after("missing", "") == []
+
+
+def test_delete_all_deletes_what_exists_and_nothing_else(storage: Storage) -> None:
+    for name in ("a", "b", "keep"):
+        storage.write(f"dir/{name}", b"1")
+    storage.delete_all(["dir/a", "dir/b", "dir/missing"])
+    storage.delete_all([])
+    assert storage.names("dir") == ["keep"]

@@ -65,7 +65,6 @@ _HOLD_SECONDS: dict[str, float] = keep_mapping(
 )
 
 
-
 class _Outcome(Enum):
     ACQUIRED = "acquired"
     BUSY = "busy"  # held by a live holder, or we lost the race to create: pause before the next try
@@ -204,16 +203,15 @@ class FileSystemLock(TableLock):
         current = files.highest
         if self._first_seen is None:
             self._first_seen = current
+        told = self.on_published
+        read = partial(told, files.published) if told is not None and files.published else None
         if files.is_held(current):
             self._waited_for = current
-            if self.on_published is not None and files.published:
-                self.on_published(files.published)
+            if read is not None:
+                read()
             return self._judge(files, current)
-        if self.on_published is not None and files.published:
-            # what the last turns published is read beside taking the next: one round trip for both
-            read = partial(self.on_published, files.published)
-            return beside(self.storage, partial(self._take, current + 1), read)
-        return self._take(current + 1)
+        # what the last turns published is read beside taking the next: one round trip for both
+        return beside(self.storage, partial(self._take, current + 1), read)
 
     def _take(self, candidate: int) -> _Outcome:
         """Create ``lock<candidate>.acquired``; the lock is ours if a listing after shows no higher id."""
