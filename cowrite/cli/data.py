@@ -1,4 +1,8 @@
-"""Commands that move records: write (either engine) and read (snapshot, time travel, incremental)."""
+"""Commands that move records: write (either engine) and read (snapshot, time travel, incremental).
+
+The engines (pyarrow, pandas) are imported by the commands that run, not with the module: every
+``cowrite`` command registers this one, and ``cowrite daemon`` should not carry them.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import pyarrow as pa
 
 from cowrite.cli.common import cli, fail, fail_usage, parse_options
-from cowrite.engine.contract import current_schema
-from cowrite.engine.inputs import read_input
 from cowrite.errors import ConfigError, CowriteError
 from cowrite.format import config as keys
 from cowrite.format.table import Table
-from cowrite.protocol.transaction import WriteOptions
 from cowrite.protocol.txn import Txn
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @cli.command()
@@ -64,7 +68,10 @@ def write(
     txn_version: str | None,
 ) -> None:
     """Write records into the table at PATH as one commit."""
+    from cowrite.engine.contract import current_schema
+    from cowrite.engine.inputs import read_input
     from cowrite.local.writer import LocalWriter
+    from cowrite.protocol.transaction import WriteOptions
 
     if operation == "bulk_insert" and engine != "spark":
         raise click.UsageError("--operation bulk_insert needs --engine spark")
@@ -150,6 +157,7 @@ def read(
 
 
 def _emit(result: pa.Table, output_format: str, output: str | None) -> None:
+    import pyarrow as pa
     import pyarrow.csv as csv
     import pyarrow.parquet as pq
 
