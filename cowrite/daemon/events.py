@@ -8,6 +8,7 @@ it: decisions (roll back, expire a lock, append to the overlay) are taken from t
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cowrite.format.instant import Instant
@@ -33,6 +34,15 @@ class InstantChanged:
     entry: CommitEntry | None = None
     service_plan: bool = False  # a requested replacecommit holding a table service's plan (no writer)
     archived: bool = False  # removed by archival: its commit may be missing from the overlay from now on
+
+
+@dataclass(frozen=True)
+class HistoryFound:
+    """What a table's first look found completed: the past, reported as one event rather than one per
+    instant, because a long timeline is mostly that and the state folds it at once."""
+
+    instants: tuple[Instant, ...]  # each as its completed file names it
+    entries: Mapping[str, CommitEntry]  # requested time -> a data commit among them the overlay lacks
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class OverlayAppended:
 
 Event = (
     InstantChanged
+    | HistoryFound
     | ArchiveRead
     | LockAcquired
     | LockReleased

@@ -42,6 +42,7 @@ from cowrite.daemon.events import (
     Event,
     HeartbeatGone,
     HeartbeatRenewed,
+    HistoryFound,
     InstantChanged,
     LockAcquired,
     LockReleased,
@@ -103,8 +104,9 @@ class TimelineFollower:
         return len(self._unreported) + len(self._known_set)
 
     # -- the timeline ----------------------------------------------------------------------------
-    def look(self, state: TableState, full: bool = False) -> list[InstantChanged]:
-        """The instant files that appeared or vanished since the last look.
+    def look(self, state: TableState, full: bool = False) -> list[InstantChanged | HistoryFound]:
+        """The instant files that appeared or vanished since the last look. On the first (the state is
+        not following yet) the completed instants come as one :class:`HistoryFound`, first.
 
         Every completed data commit the overlay lacks is parsed here: one no reader can parse raises
         :class:`CorruptTimelineError`, and the look reports nothing (the next one tries again). One
@@ -129,7 +131,7 @@ class TimelineFollower:
             removed = {name for name in known if name not in infos}
             if not after:  # below the start points the follower keeps no names: the state knows those
                 removed |= {i.file_name for i in state.timeline if i.file_name not in infos}
-        events, gone = self._appeared(state, sorted(created), infos)  # may raise: then nothing changes
+        events, history, gone = self._appeared(state, sorted(created), infos)  # may raise: nothing changes
         self._listed, self._compare = listed, False
         self.full_look_due = False
         self._newest_when_last_look_began = state.newest  # the events of this look are not applied yet
@@ -148,11 +150,11 @@ class TimelineFollower:
         # Completions in the order they happened: the state counts a completion as new only when it is
         # later than every one it knew (an archival that stopped half way may show old ones again).
         events.sort(key=_completion_order)
-        return events
+        return [*([history] if history else []), *events]
 
     def _appeared(
         self, state: TableState, names: list[str], infos: dict[str, FileInfo] | None
-    ) -> tuple[list[InstantChanged], set[str]]:
+    ) -> tuple[list[InstantChanged], HistoryFound | None, set[str]]:
         # An instant that appears completed needs no events for its earlier files: the state shows the
         # latest, and the first look at a long timeline would otherwise parse and fold three files each.
         earlier = _earlier_files(names)
@@ -173,9 +175,12 @@ class TimelineFollower:
             # their completed file was archived before it was read, or is no instant's: report them as
             # they are listed
             files = sorted([*files, *((n, f) for n in again if (f := _instant(n, self.table.uri)))])
-        events = []
+        events, history = [], []
         for name, file in files:
             if name in gone or (not file.is_completed and (file.requested_time, file.action) in done):
+                continue
+            if file.is_completed and not state.following:
+                history.append(file)
                 continue
             info = infos.get(name) if infos is not None else None
             events.append(
@@ -187,7 +192,7 @@ class TimelineFollower:
                     service_plan=self._plans_a_service(file, info),
                 )
             )
-        return events, gone
+        return events, HistoryFound(tuple(history), entries) if history else None, gone
 
     def _entries(self, commits: list[Instant]) -> tuple[dict[str, CommitEntry], set[str]]:
         """What the overlay needs of each of ``commits`` (read concurrently on object stores), and the

@@ -32,6 +32,7 @@ from cowrite.daemon.events import (
     Event,
     HeartbeatGone,
     HeartbeatRenewed,
+    HistoryFound,
     InstantChanged,
     LockAcquired,
     LockReleased,
@@ -106,6 +107,8 @@ class TableState:
             self._instant(event)
             if len(self._visible) > self._settle_above:
                 self._settle()
+        elif isinstance(event, HistoryFound):
+            self._history(event)
         elif isinstance(event, ArchiveRead):
             self.archive_seen = max(event.name, self.archive_seen or "")
         elif isinstance(event, LockAcquired):
@@ -152,6 +155,32 @@ class TableState:
         ):
             self.counts["commits", file.action.value] += 1  # completion times only grow: a new one
         self._show(time, files)
+
+    def _history(self, event: HistoryFound) -> None:
+        """Pack the instants found at times the state does not know yet, each alone at its time, but the
+        newest :data:`RECENT`; fold the others one by one, as :class:`InstantChanged` events."""
+        at = Counter(instant.requested_time for instant in event.instants)
+        alone: list[Instant] = []
+        shared: list[Instant] = []
+        for instant in event.instants:
+            time = instant.requested_time
+            (alone if at[time] == 1 and not self._knows(time) else shared).append(instant)
+        alone.sort(key=attrgetter("requested_time"))
+        packed, held = alone[:-RECENT], alone[-RECENT:]
+        self._settled.add(packed)
+        if packed:
+            self._recent = None
+            self.by_state[State.COMPLETED] += len(packed)
+            self.newest = max(packed[-1].requested_time, self.newest or "")
+            completion = max(i.completion_time or "" for i in packed)
+            self.latest_completion = max(completion, self.latest_completion or "")
+            self.unlogged.update((t, e) for i in packed if (e := event.entries.get(t := i.requested_time)))
+        for instant in (*held, *shared):
+            entry = event.entries.get(instant.requested_time)
+            self.apply(InstantChanged(Change.COMPLETED, instant, entry=entry))
+
+    def _knows(self, time: str) -> bool:
+        return time in self._files or self._settled.get(time) is not None
 
     def _show(self, time: str, files: dict[_FileKey, Instant]) -> None:
         """Make ``time`` show its latest file (of two in one state, the first by name, as every process

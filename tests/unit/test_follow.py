@@ -18,11 +18,12 @@ import pyarrow as pa
 import pytest
 
 from cowrite.cleaner import rollback_failed, service_lock
-from cowrite.daemon.events import Change, InstantChanged
+from cowrite.daemon.events import Change, HistoryFound, InstantChanged
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.state import RECENT, TableState
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
@@ -103,10 +104,20 @@ class Tail:
         events = self.follower.look(self.state)
         for event in events:
             self.state.apply(event)
+        self.state.following = True  # as the daemon's: the first look's completed instants are history
         self.looks += 1
         assert list(self.state.timeline) == list(table.timeline())
-        created = sorted(e.file.file_name for e in events if e.change is not Change.REMOVED)
-        removed = sorted(e.file.file_name for e in events if e.change is Change.REMOVED)
+        created = sorted(
+            [i.file_name for e in events if isinstance(e, HistoryFound) for i in e.instants]
+            + [
+                e.file.file_name
+                for e in events
+                if isinstance(e, InstantChanged) and e.change is not Change.REMOVED
+            ]
+        )
+        removed = sorted(
+            e.file.file_name for e in events if isinstance(e, InstantChanged) and e.change is Change.REMOVED
+        )
         return created, removed
 
     def check_listings(self, table: Table, counted: Counted) -> None:
@@ -292,3 +303,38 @@ def test_a_long_timeline_is_held_as_counts_and_a_recent_window(where: str, tmp_p
     assert state.by_state[State.COMPLETED] == count - 100
     assert state.held_in_full <= 2 * RECENT + 1
     assert tail.follower.names_held <= 3
+
+
+def test_history_folds_as_its_instants_one_by_one() -> None:
+    """A first look's completed instants, folded at once, leave the state that folding them one by one
+    leaves: packed but the newest RECENT, with a time the state knew already and a time two actions
+    share folded as changes, and the entries the overlay lacks kept."""
+    start = 1_700_000_000_000
+    instants = [
+        Instant(from_millis(start + 10 * n), Action.COMMIT, State.COMPLETED, from_millis(start + 10 * n + 5))
+        for n in range(3 * RECENT)
+    ]
+    shared = instants[7].requested_time
+    instants.append(Instant(shared, Action.CLEAN, State.COMPLETED, from_millis(start + 10**6)))
+    known = Instant(instants[9].requested_time, Action.COMMIT, State.INFLIGHT)
+    entries = {
+        i.requested_time: CommitEntry(i.requested_time, i.completion_time or "", "commit", (), ())
+        for i in instants[::5]
+        if i.action is Action.COMMIT
+    }
+    at_once, one_by_one = TableState(), TableState()
+    for state in (at_once, one_by_one):
+        state.apply(InstantChanged(Change.INFLIGHT, known))
+    found = instants[::-1]  # in no particular order
+    at_once.apply(HistoryFound(tuple(found), entries))
+    for instant in found:
+        one_by_one.apply(InstantChanged(Change.COMPLETED, instant, entry=entries.get(instant.requested_time)))
+
+    assert len(at_once.timeline) == 3 * RECENT and at_once.held_in_full <= 2 * RECENT
+    for state in (at_once, one_by_one):
+        state.following = True
+        state.apply(InstantChanged(Change.REMOVED, instants[-2]))  # a rollback among the newest
+    assert list(at_once.timeline) == list(one_by_one.timeline)
+    assert list(at_once.recent_timeline)[-RECENT:] == list(one_by_one.recent_timeline)[-RECENT:]
+    for name in ("by_state", "newest", "latest_completion", "unlogged", "pending_instants"):
+        assert getattr(at_once, name) == getattr(one_by_one, name), name

@@ -73,3 +73,14 @@ def test_import_cowrite_loads_nothing_slow() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_daemon_command_loads_no_dataframe_engine() -> None:
+    """What ``cowrite daemon`` imports (every command's module, the daemon's) leaves pyarrow and pandas
+    out: they were most of a daemon's memory, and it reads no data."""
+    probe = (
+        "import sys, cowrite.cli, cowrite.daemon.service, cowrite.daemon.logs; "
+        "print([m for m in ('pyarrow', 'pandas', 'pyspark') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
