@@ -394,6 +394,12 @@ def generate(uri: str, name: str, instants: int, start_ms: int, **options: Any) 
         )
 
 
+def _start(start_ms: int, table: int, instants: int) -> int:
+    """Where the ``table``-th timeline starts: after the one before it ends, so that the tables of one daemon
+    share no instant names, as real tables don't (shared names would be parsed once for all of them)."""
+    return start_ms + table * (10 * instants + 1)
+
+
 class Committer:
     """Appends commits to a table the way a writer's commit does, minus the data: the requested instant
     taken under the lock, a heartbeat, the plan, the completed commit published under the lock."""
@@ -464,7 +470,7 @@ def following(
     uris = [str(work / f"table{n}") for n in range(tables)]
     start_ms = int((time.time() - 86_400) * 1000)
     for n, uri in enumerate(uris):
-        generate(uri, f"table{n}", instants, start_ms)
+        generate(uri, f"table{n}", instants, _start(start_ms, n, instants))
     files = sum(len(os.listdir(Path(uri) / TIMELINE_DIR)) for uri in uris)
     print(f"  generated {files:,} timeline files in {time.monotonic() - started:.1f} s")
 
@@ -588,7 +594,7 @@ def following_s3(work: Path, tables: int, instants: int, seconds: float, poll: f
         uris = [f"s3://{server.bucket}/table{n}" for n in range(tables)]
         start_ms = int((time.time() - 86_400) * 1000)
         for n, uri in enumerate(uris):  # straight to the server, not through the proxy
-            generate(uri, f"table{n}", instants, start_ms, **server.storage_options())
+            generate(uri, f"table{n}", instants, _start(start_ms, n, instants), **server.storage_options())
         print(f"  generated {3 * instants * tables:,} timeline files in {time.monotonic() - started:.1f} s")
         env = {**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
         specs = [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)]

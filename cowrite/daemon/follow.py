@@ -359,7 +359,7 @@ def _completion_order(event: InstantChanged) -> tuple[str, str]:
 def _instant(name: str, uri: str | None = None) -> Instant | None:
     """The instant a timeline name names; None (a warning when ``uri`` is given) for other names."""
     try:
-        return instant_named(name)
+        return instant_named(name, remember=False)  # the follower sees each name once
     except InvalidInstantError as exc:
         if uri is not None:
             log.warning("skipping %s in the timeline of %s: %s", name, uri, exc)

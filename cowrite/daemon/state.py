@@ -388,13 +388,19 @@ class _Settled:
 
     def add(self, instants: Iterable[Instant]) -> None:
         """Pack ``instants`` (completed, at times not packed yet)."""
+        rows = sorted(
+            (int(i.requested_time), int(i.completion_time or 0) * len(_ACTIONS) + _ACTIONS.index(i.action))
+            for i in instants
+        )
         times, rest = array("Q", self._rows[0]), array("Q", self._rows[1])
-        for instant in sorted(instants, key=attrgetter("requested_time")):
-            time = int(instant.requested_time)
-            at = len(times) if not times or time > times[-1] else bisect_left(times, time)
-            times.insert(at, time)
-            completion = int(instant.completion_time or 0)
-            rest.insert(at, completion * len(_ACTIONS) + _ACTIONS.index(instant.action))
+        if rows and (not times or rows[0][0] > times[-1]):  # all newer than the packed ones: the usual case
+            times.extend(time for time, _ in rows)
+            rest.extend(row for _, row in rows)
+        else:
+            for time, row in rows:
+                at = bisect_left(times, time)
+                times.insert(at, time)
+                rest.insert(at, row)
         self._rows = (times, rest)
 
     def get(self, time: str) -> Instant | None:

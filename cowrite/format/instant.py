@@ -58,20 +58,31 @@ def check_time(time: str) -> str:
     return _checked(time)
 
 
-@memo(1 << 16, "a pure check; an instant's three files, and every load of a timeline, repeat its times")
 def _checked(time: str) -> str:
+    # Called for both times of every instant made, so cheap without a cache of times: the calendar is
+    # checked once per hour named (a timeline's times fall in few), minutes and seconds by their digits;
+    # a time that fails that is checked in full, which says what is wrong with it.
     if not _TIME.fullmatch(time):
         raise InvalidInstantError(f"{time!r} is not an instant time (yyyyMMddHHmmssSSS, 17 digits)")
-    try:
-        _moment(time)
-    except ValueError as exc:
-        raise InvalidInstantError(f"{time!r} is not a valid date and time: {exc}") from None
+    if not (_an_hour(time[:10]) and time[10:12] < "60" and time[12:14] < "60"):
+        try:
+            _moment(time)
+        except ValueError as exc:
+            raise InvalidInstantError(f"{time!r} is not a valid date and time: {exc}") from None
     return time
 
 
+@memo(1 << 12, "a pure check of an hour (yyyyMMddHH)")
+def _an_hour(hour: str) -> bool:
+    try:
+        datetime(int(hour[0:4]), int(hour[4:6]), int(hour[6:8]), int(hour[8:10]))
+    except ValueError:
+        return False
+    return True
+
+
 def _moment(time: str) -> datetime:
-    # datetime's constructor checks the calendar as strptime does, at a tenth of its cost: a writer
-    # parses every new timeline name it sees, under the table lock
+    # datetime's constructor checks the calendar as strptime does, at a tenth of its cost
     return datetime(
         int(time[0:4]), int(time[4:6]), int(time[6:8]), int(time[8:10]), int(time[10:12]), int(time[12:14])
     )
@@ -145,15 +156,17 @@ class Instant:
         return f"{self.requested_time}.{self.action}.{self.state.name.lower()}"
 
     @staticmethod
-    def parse(file_name: str) -> Instant:
-        """The instant named by a timeline file name; raises :class:`InvalidInstantError`."""
-        return _parse(file_name)
+    def parse(file_name: str, remember: bool = True) -> Instant:
+        """The instant named by a timeline file name; raises :class:`InvalidInstantError`. ``remember``
+        keeps it for the next parse of the name (writers list the timeline several times per commit); a
+        reader that sees each name once, as the daemon's follower does, passes False, so that a long
+        history neither fills that cache nor pays for it."""
+        return (_remembered if remember else _parse)(file_name)
 
     def __str__(self) -> str:
         return self.file_name
 
 
-@memo(1 << 16, "a pure parse; writers list the timeline several times per commit and see the same names")
 def _parse(file_name: str) -> Instant:
     times, _, suffix = file_name.partition(".")
     parts = suffix.split(".")
@@ -174,3 +187,6 @@ def _parse(file_name: str) -> Instant:
             f"{file_name!r}: completed instants, and only they, carry a completion time"
         )
     return Instant(requested, action, state, completion if underscore else None)  # which checks the times
+
+
+_remembered = memo(1 << 16, "a pure parse; writers list the timeline several times per commit")(_parse)

@@ -260,13 +260,14 @@ class Timeline:
         return frozenset(compress(self._times, map(_completion_time, self._instants)))
 
 
-def instant_named(name: str) -> Instant | None:
+def instant_named(name: str, remember: bool = True) -> Instant | None:
     """The instant an entry of the timeline directory names, or None for an entry that is not an instant
     by design: a checksum (``.crc``) or Hudi's ``history`` archive directory. Raises
-    :class:`InvalidInstantError` for any other name. (Listings never show cowrite's own temporary files.)"""
+    :class:`InvalidInstantError` for any other name. (Listings never show cowrite's own temporary files.)
+    ``remember``: as :meth:`Instant.parse` takes it."""
     if name.endswith(".crc") or name == "history":
         return None
-    return Instant.parse(name)
+    return Instant.parse(name, remember)
 
 
 @dataclass(frozen=True)

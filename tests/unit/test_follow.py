@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cowrite import process
 from cowrite.cleaner import rollback_failed, service_lock
 from cowrite.daemon.events import Change, HistoryFound, InstantChanged
 from cowrite.daemon.follow import TimelineFollower
@@ -280,6 +281,9 @@ def test_a_long_timeline_is_held_as_counts_and_a_recent_window(where: str, tmp_p
     pending = from_millis(start + 10 * count)
     table.storage.write(f"{TIMELINE_DIR}/{pending}.commit.requested", b"")
 
+    process.forget()
+    TimelineFollower(table).look(TableState())  # a look alone: Tail.look parses the timeline to compare
+    assert parsed_names() == 0  # the follower sees each name once: its parses are not kept for later
     tail = Tail(table)
     for _ in range(3):  # each checks the whole timeline, unpacked; the third has a start point on S3
         tail.look(table)
@@ -303,6 +307,11 @@ def test_a_long_timeline_is_held_as_counts_and_a_recent_window(where: str, tmp_p
     assert state.by_state[State.COMPLETED] == count - 100
     assert state.held_in_full <= 2 * RECENT + 1
     assert tail.follower.names_held <= 3
+
+
+def parsed_names() -> int:
+    """How many parsed instant names this process keeps."""
+    return next(k.size() for k in process.kept() if k.name == "cowrite.format.instant._parse")
 
 
 def test_history_folds_as_its_instants_one_by_one() -> None:
