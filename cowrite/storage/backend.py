@@ -57,7 +57,10 @@ _TEMP_PREFIX = ".cowrite-tmp-"
 class FileInfo:
     path: str  # relative to the storage root
     size: int
-    modified: float  # seconds since the epoch
+    # Seconds since the epoch: the latest moment the file may have been written. Where the storage keeps
+    # coarser times (S3: whole seconds, cut down), the end of that span, so that every age measured from
+    # it (a heartbeat's, a lock's) errs young: a judge never finds a lease older than its holder does.
+    modified: float
 
     @property
     def name(self) -> str:
@@ -69,6 +72,8 @@ class Storage:
 
     # Whether each call is a network round trip, so that reads needed together are worth making at once.
     round_trips = True
+    # Seconds of the modification times it keeps: a time it gives is the start of such a span.
+    clock_resolution = 0.0
 
     def __init__(
         self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None
@@ -224,7 +229,9 @@ class Storage:
         modified = entry.get("mtime") or entry.get("LastModified") or entry.get("created") or 0.0
         if hasattr(modified, "timestamp"):
             modified = modified.timestamp()
-        return FileInfo(self.relative(entry["name"]), int(entry.get("size") or 0), float(modified))
+        return FileInfo(
+            self.relative(entry["name"]), int(entry.get("size") or 0), float(modified) + self.clock_resolution
+        )
 
     def _call(self, path: str, operation: Callable[[], T]) -> T:
         try:
@@ -436,6 +443,8 @@ class S3Storage(Storage):
     parent after an empty one (to tell a missing directory from a file: an insert's new partition
     would cost a listing of every partition)."""
 
+    clock_resolution = 1.0  # S3 gives modification times in whole seconds, cut down
+
     def portable_options(self) -> dict[str, Any]:
         """The endpoint, region and credentials this process found in its AWS environment (variables,
         profile, instance role) join the options, so an executor with no AWS environment of its own reaches
@@ -470,7 +479,8 @@ class S3Storage(Storage):
         """One request for the tail of a long directory: ListObjectsV2 with ``StartAfter``."""
         inside = f"{directory}/" if directory else ""
         keys = self._call(directory, lambda: s3.keys_after(self.fs, self.full_path(directory), after))
-        return [FileInfo(inside + name, size, at) for name, size, at in keys if not _is_temp(name)]
+        late = self.clock_resolution
+        return [FileInfo(inside + name, size, at + late) for name, size, at in keys if not _is_temp(name)]
 
     def delete_all(self, paths: Collection[str]) -> None:
         """One DeleteObjects request a thousand keys (s3fs's bulk delete, which does not report a key S3
