@@ -27,12 +27,13 @@ are kept current by the kernel's change events, so an idle poll compares two obj
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
@@ -176,7 +177,7 @@ class TableService:
         uri = self.entry.uri
         if self.table is not None or ("://" in uri and not uri.startswith("file://")):
             return contextlib.nullcontext()
-        return self._starting
+        return _turn_without_collector(self._starting)
 
     def clean(self) -> None:
         with self._mutex:
@@ -389,6 +390,22 @@ class TableService:
             files += self._garbage[key][0]
             size += self._garbage[key][1]
         return files, size
+
+
+@contextlib.contextmanager
+def _turn_without_collector(turn: threading.Lock) -> Iterator[None]:
+    """Hold ``turn`` with the cyclic garbage collector paused: a first poll makes a table's history of
+    objects that live on, which the collector would otherwise walk again and again while they are made (a
+    sixth of a first poll's time). Turns never overlap, so neither do pauses; what little cyclic garbage
+    the poll leaves is collected once it is over."""
+    with turn:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if enabled:
+                gc.enable()
 
 
 def _stat_if_present(table: Table, path: str) -> FileInfo | None:
