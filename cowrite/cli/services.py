@@ -37,12 +37,13 @@ def daemon(
 
     SIGTERM or SIGINT drains (running jobs finish) and exits 0.
     """
-    from cowrite import shutdown
+    from cowrite import process, shutdown
     from cowrite.daemon.config import DaemonConfig
     from cowrite.daemon.logs import configure
     from cowrite.daemon.service import Daemon
 
     stop = shutdown.catch()  # the entry point caught them already; a request made since is kept
+    process.few_malloc_arenas()  # a poller thread per table, then years of polls
     configure(log_level.upper())
     try:
         config = DaemonConfig.load(
