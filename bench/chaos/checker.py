@@ -255,11 +255,12 @@ class Checker:
                 instant = Instant.parse(info.name)
             except InvalidInstantError:
                 continue
-            files.append(TimelineFile(instant, None, info.modified))
+            files.append(TimelineFile(instant, None, self._written(info.modified)))
         for info in self.storage.list(ARCHIVE_DIR):
+            archived = self._written(info.modified)
             for record in json.loads(self.storage.read(info.path)):
                 instant = Instant.parse(record["file"])
-                files.append(TimelineFile(instant, base64.b64decode(record["content"]), None, info.modified))
+                files.append(TimelineFile(instant, base64.b64decode(record["content"]), None, archived))
         evidence = Evidence(files)
         for item in files:
             time_ = item.instant.requested_time
@@ -284,6 +285,12 @@ class Checker:
             if item.instant.action.writes_data:
                 evidence.metadata[time_] = self._metadata(item)
         return evidence
+
+    def _written(self, modified: float) -> float:
+        """The earliest moment a file of ``modified`` may have been written. cowrite reads a coarse
+        modification time (S3's whole seconds) as the end of its span, so that judges err young; the
+        checks here reason from the start of it, with a second's slack on S3."""
+        return modified - self.storage.clock_resolution
 
     def _content(self, item: TimelineFile) -> bytes:
         if item.content is None:
@@ -516,7 +523,7 @@ class Checker:
                         f"w{worker} was stopped past its lease at {event['step']} of {instant}, "
                         "and that instant completed after it continued",
                     )
-        released = {info.name: info.modified for info in self.storage.list(LOCK_DIR)}
+        released = {info.name: self._written(info.modified) for info in self.storage.list(LOCK_DIR)}
         for entry in self.o.commit_log:
             lock_id = entry.get("lock_id")
             item = evidence.completed.get(entry["instant"])

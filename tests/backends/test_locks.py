@@ -351,12 +351,12 @@ def test_a_waiter_judges_a_live_holder_again_only_once_it_could_be_stale(
     age = [] if storage.round_trips else [acquired_path(1)]  # an object store's listing tells the age
     assert looked_up == age
 
-    clock.offset = PATIENT.margin  # old enough to be judged: alive
+    clock.offset = PATIENT.margin + storage.clock_resolution  # old enough to be judged: alive
     with pytest.raises(LockTimeoutError, match="holder"):
         waiter.acquire()
     assert sorted(looked_up) == sorted(age * 2 + [heartbeat_path(INSTANT)])
 
-    clock.offset = PATIENT.tolerance + 1  # the heartbeat is that old now
+    clock.offset = PATIENT.tolerance + storage.clock_resolution + 1  # the heartbeat is that old now
     waiter.acquire(timeout=5)
     assert waiter.lock_id == 2 and read_release(storage, 1)["reason"] == "expired"
     assert looked_up.count(heartbeat_path(INSTANT)) == 2
