@@ -72,7 +72,8 @@ class Storage:
 
     # Whether each call is a network round trip, so that reads needed together are worth making at once.
     round_trips = True
-    # Seconds of the modification times it keeps: a time it gives is the start of such a span.
+    # How coarse the modification times it keeps are, in seconds: FileInfo.modified adds it to the time
+    # kept, the start of such a span, to give the span's end.
     clock_resolution = 0.0
 
     def __init__(
