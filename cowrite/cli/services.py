@@ -43,7 +43,7 @@ def daemon(
     from cowrite.daemon.service import Daemon
 
     stop = shutdown.catch()  # the entry point caught them already; a request made since is kept
-    process.few_malloc_arenas()  # a poller thread per table, then years of polls
+    process.few_malloc_arenas()  # polling threads, for as long as it runs
     configure(log_level.upper())
     try:
         config = DaemonConfig.load(

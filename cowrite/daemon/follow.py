@@ -150,7 +150,7 @@ class TimelineFollower:
         # Completions in the order they happened: the state counts a completion as new only when it is
         # later than every one it knew (an archival that stopped half way may show old ones again).
         events.sort(key=_completion_order)
-        return [*([history] if history else []), *events]
+        return ([history] if history else []) + events
 
     def _appeared(
         self, state: TableState, names: list[str], infos: dict[str, FileInfo] | None
