@@ -447,29 +447,7 @@ class S3Storage(Storage):
     clock_resolution = 1.0  # S3 gives modification times in whole seconds, cut down
 
     def portable_options(self) -> dict[str, Any]:
-        """The endpoint, region and credentials this process found in its AWS environment (variables,
-        profile, instance role) join the options, so an executor with no AWS environment of its own reaches
-        the same bucket as the same principal. Credentials go out as they are now: temporary ones that
-        expire during a job fail its later tasks with the storage's error."""
-        options = dict(self.options)
-        if options.get("anon"):
-            return options
-        client = sync(self.fs.loop, self.fs.set_session)
-        if "endpoint_url" not in options:
-            client_kwargs = dict(options.get("client_kwargs") or {})
-            client_kwargs.setdefault("endpoint_url", client.meta.endpoint_url)
-            if client.meta.region_name:
-                client_kwargs.setdefault("region_name", client.meta.region_name)
-            options["client_kwargs"] = client_kwargs
-        if "key" not in options and "secret" not in options:
-            credentials = sync(self.fs.loop, self.fs.session.get_credentials)
-            if credentials is not None:
-                frozen = sync(self.fs.loop, credentials.get_frozen_credentials)
-                options.pop("profile", None)  # a profile names a file the executor's machine lacks
-                options.update(key=frozen.access_key, secret=frozen.secret_key)
-                if frozen.token:
-                    options["token"] = frozen.token
-        return options
+        return s3.portable_options(self.fs, self.options)
 
     def list(self, directory: str = "") -> builtins.list[FileInfo]:
         full = self.full_path(directory)

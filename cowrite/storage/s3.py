@@ -1,5 +1,6 @@
 """What S3 storage needs beside fsspec's: one filesystem (one client) per process, options and AWS
-environment, and ListObjectsV2 with ``StartAfter``, which s3fs's listings do not offer."""
+environment; ListObjectsV2 with ``StartAfter``, which s3fs's listings do not offer; and the options that
+open the same bucket as the same principal in another process."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import fsspec
 from fsspec import AbstractFileSystem
+from fsspec.asyn import sync
 
 from cowrite.process import keep_mapping
 
@@ -60,3 +62,29 @@ def keys_after(fs: AbstractFileSystem, directory: str, after: str) -> list[tuple
             return found
         more = {"ContinuationToken": page["NextContinuationToken"]}
 
+
+def portable_options(fs: AbstractFileSystem, opened_with: dict[str, Any]) -> dict[str, Any]:
+    """Options that open ``fs`` in another process, on another machine: ``opened_with`` (the options it
+    was opened with) joined by the endpoint, region and credentials this process found in its AWS
+    environment (variables, profile, instance role), so that an executor with no AWS environment of its
+    own reaches the same bucket as the same principal. Credentials go out as they are now: temporary
+    ones that expire during a job fail its later tasks with the storage's error."""
+    options = dict(opened_with)
+    if options.get("anon"):
+        return options
+    client = sync(fs.loop, fs.set_session)
+    if "endpoint_url" not in options:
+        client_kwargs = dict(options.get("client_kwargs") or {})
+        client_kwargs.setdefault("endpoint_url", client.meta.endpoint_url)
+        if client.meta.region_name:
+            client_kwargs.setdefault("region_name", client.meta.region_name)
+        options["client_kwargs"] = client_kwargs
+    if "key" not in options and "secret" not in options:
+        credentials = sync(fs.loop, fs.session.get_credentials)
+        if credentials is not None:
+            frozen = sync(fs.loop, credentials.get_frozen_credentials)
+            options.pop("profile", None)  # a profile names a file the executor's machine lacks
+            options.update(key=frozen.access_key, secret=frozen.secret_key)
+            if frozen.token:
+                options["token"] = frozen.token
+    return options
