@@ -633,6 +633,19 @@ def following_s3(work: Path, tables: int, instants: int, seconds: float, poll: f
             print(f"  SIGTERM: drained and exited 0 in {daemon.terminate():.2f} s")
         finally:
             daemon.kill()
+        # a restart reads each table's END_COMMIT_TIME log, not its commits; then once more after a SIGKILL
+        for how in ("SIGTERM", "SIGKILL"):
+            proxy.reset()
+            daemon = DaemonProcess(work, specs, poll, f"s3-restart-{how}", env=env, clean=86_400.0)
+            try:
+                ready = daemon.wait_ready(3600)
+                rss, _ = daemon.memory_mb()
+                print(
+                    f"  restart after {how}: ready after {ready:.1f} s ({len(proxy.reset()):,} requests), "
+                    f"{daemon.cpu_seconds():.1f} s CPU; RSS {rss:.0f} MiB"
+                )
+            finally:
+                daemon.kill()
 
 
 def _overruns(daemon: DaemonProcess) -> int:
