@@ -531,16 +531,30 @@ def following(
     finally:
         daemon.kill()
 
-    # a restart finds its logs on disk and reads only the commit files they lack; then once more after
-    # a SIGKILL (nothing drained)
+    # a restart finds its logs on disk and reads only the commit files they lack
+    restarts(work, [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)], poll, "restart")
+
+
+def restarts(
+    work: Path,
+    tables: list[dict[str, Any]],
+    poll: float,
+    name: str,
+    requests: Callable[[], int] | None = None,
+    **options: Any,
+) -> None:
+    """The daemon started again after the SIGTERM that ended the one before, then after a SIGKILL (nothing
+    drained): time to ready, CPU, RSS, and the ``requests`` made meanwhile (a counter that resets)."""
     for how in ("SIGTERM", "SIGKILL"):
-        tables_ = [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)]
-        daemon = DaemonProcess(work, tables_, poll, f"restart-{how}")
+        if requests is not None:
+            requests()
+        daemon = DaemonProcess(work, tables, poll, f"{name}-{how}", **options)
         try:
-            ready = daemon.wait_ready(900)
+            ready = daemon.wait_ready(3600)
+            made = f" ({requests():,} requests)" if requests is not None else ""
             rss, hwm = daemon.memory_mb()
             print(
-                f"  restart after {how}: ready after {ready:.1f} s, {daemon.cpu_seconds():.1f} s CPU; "
+                f"  restart after {how}: ready after {ready:.1f} s{made}, {daemon.cpu_seconds():.1f} s CPU; "
                 f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
             )
         finally:
@@ -633,19 +647,8 @@ def following_s3(work: Path, tables: int, instants: int, seconds: float, poll: f
             print(f"  SIGTERM: drained and exited 0 in {daemon.terminate():.2f} s")
         finally:
             daemon.kill()
-        # a restart reads each table's END_COMMIT_TIME log, not its commits; then once more after a SIGKILL
-        for how in ("SIGTERM", "SIGKILL"):
-            proxy.reset()
-            daemon = DaemonProcess(work, specs, poll, f"s3-restart-{how}", env=env, clean=86_400.0)
-            try:
-                ready = daemon.wait_ready(3600)
-                rss, _ = daemon.memory_mb()
-                print(
-                    f"  restart after {how}: ready after {ready:.1f} s ({len(proxy.reset()):,} requests), "
-                    f"{daemon.cpu_seconds():.1f} s CPU; RSS {rss:.0f} MiB"
-                )
-            finally:
-                daemon.kill()
+        # a restart reads each table's END_COMMIT_TIME log, not its commits
+        restarts(work, specs, poll, "s3-restart", lambda: len(proxy.reset()), env=env, clean=86_400.0)
 
 
 def _overruns(daemon: DaemonProcess) -> int:
