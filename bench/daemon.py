@@ -480,7 +480,7 @@ def following(
     daemon = DaemonProcess(work, [{"uri": uri, "name": f"table{n}"} for n, uri in enumerate(uris)], poll)
     try:
         ready = daemon.wait_ready(900)
-        at_ready = _overruns(daemon)
+        at_ready = daemon.metric_sum("cowrite_polls_skipped_total")
         rss, hwm = daemon.memory_mb()
         print(
             f"  startup: ready after {ready:.1f} s, {daemon.cpu_seconds():.1f} s CPU; "
@@ -516,11 +516,11 @@ def following(
             f"  daemon counted {counted:.0f} of {busy['commits']:.0f} commits; "
             f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB)"
         )
-        overruns = _overruns(daemon)
+        overruns = daemon.metric_sum("cowrite_polls_skipped_total")
         errors = [line for line in daemon.lines() if line.get("level") in ("error", "unparsed")]
         print(
-            f"  polls skipped because the previous one still ran: {at_ready} while starting, "
-            f"{overruns - at_ready} afterwards; error log lines: {len(errors)}"
+            f"  polls skipped because the previous one still ran: {at_ready:.0f} while starting, "
+            f"{overruns - at_ready:.0f} afterwards; error log lines: {len(errors)}"
         )
         fresh = freshness(daemon, committers, rounds, poll)
         print(
@@ -649,11 +649,6 @@ def following_s3(work: Path, tables: int, instants: int, seconds: float, poll: f
             daemon.kill()
         # a restart reads each table's END_COMMIT_TIME log, not its commits
         restarts(work, specs, poll, "s3-restart", lambda: len(proxy.reset()), env=env, clean=86_400.0)
-
-
-def _overruns(daemon: DaemonProcess) -> int:
-    """apscheduler's warnings that a poll was skipped while the table's previous poll still ran."""
-    return sum("maximum number of running instances" in str(line.get("event")) for line in daemon.lines())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,12 @@ class DaemonMetrics:
             ["table", "service"],
             registry=registry,
         )
+        self.polls_skipped = Counter(
+            "cowrite_polls_skipped",
+            "Polls not started because the table's previous poll was still running",
+            labels,
+            registry=registry,
+        )
         registry.register(TableStateCollector(statuses))
 
 

@@ -38,6 +38,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
@@ -49,6 +50,7 @@ from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import DaemonMetrics, TableStatus
 from cowrite.daemon.overlay import OverlayLog, OverlayLogDamaged
+from cowrite.daemon.overruns import PollOverruns
 from cowrite.daemon.state import TableState
 from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
 from cowrite.format import config as keys
@@ -433,6 +435,10 @@ class _Timed:
         self.metrics.cleaner_runs.labels(self.table, self.service, "ok" if kind is None else "error").inc()
 
 
+def _poll_job(index: int) -> str:
+    return f"poll-{index}"
+
+
 class Daemon:
     """Serves several tables: scheduler jobs per table, and the HTTP endpoint."""
 
@@ -445,6 +451,8 @@ class Daemon:
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )
+        overruns = PollOverruns(self.services, _poll_job, self.metrics.polls_skipped, config.poll_interval)
+        self.scheduler.add_listener(overruns, EVENT_JOB_MAX_INSTANCES)
         self.http: ThreadingHTTPServer | None = None
         self._stopped = threading.Event()
 
@@ -465,7 +473,7 @@ class Daemon:
                 service.poll,
                 "interval",
                 seconds=self.config.poll_interval,
-                id=f"poll-{index}",
+                id=_poll_job(index),
                 next_run_time=datetime.now(UTC),
             )
             self.scheduler.add_job(

@@ -12,6 +12,7 @@ seconds, so a heartbeat there can look up to a second older than it is: S3 table
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 import threading
@@ -45,6 +46,8 @@ from support.daemon import (
     wait_until,
     writer,
 )
+from support.request_counts import ProxyProcess
+from support.servers import S3Server
 from support.tables import rows
 
 from cowrite.cleaner import service_lock
@@ -680,6 +683,32 @@ def test_a_broken_table_is_reported_and_the_others_are_served(
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "broken" in r.getMessage()]
     assert len(errors) == 1  # once per new problem, not once per poll
     assert bogus.file_name in errors[0].getMessage()
+
+
+def test_polls_skipped_while_a_slow_first_poll_runs_are_counted_and_said_once(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a slow object store a first poll outlasts several poll intervals: the polls skipped meanwhile are
+    counted, and said in one line, not in a warning of the scheduler's per skip."""
+    table = Table.create(
+        f"s3://{s3_server.bucket}/overrun-{uuid.uuid4().hex}",
+        name="slow",
+        record_key_fields=["id"],
+        partition_fields=["part"],
+        storage_options=s3_server.storage_options(),
+    )
+    writer(table).insert(rows(["k1"]))
+    caplog.set_level(logging.INFO)
+    with ProxyProcess(s3_server.endpoint_url, delay=0.2) as proxy:
+        for name, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}.items():
+            monkeypatch.setenv(name, value)
+        # a first poll makes more than five requests one after another: over a second, ten intervals
+        with serving(TableEntry(table.uri, name="slow"), poll=0.1) as daemon:
+            skipped = count(daemon, "cowrite_polls_skipped_total", table="slow")
+    assert skipped >= 5
+    said = [r.getMessage() for r in caplog.records if "first poll is still running" in r.getMessage()]
+    assert said == ["table slow: its first poll is still running; later polls wait for it"]
+    assert not [r for r in caplog.records if r.name.startswith("apscheduler") and "skipped" in r.getMessage()]
 
 
 def test_a_daemon_process_serves_good_tables_beside_a_broken_one_and_drains_on_sigterm(
