@@ -21,7 +21,7 @@ _APSCHEDULER_SKIP = 'Execution of job "%s" skipped'  # the start of apscheduler'
 
 
 class Polled(Protocol):
-    """What is told of a table's service: its name and how many of its polls ended."""
+    """The part of a table's service this needs: its name, and how many of its polls have ended."""
 
     name: str
     polls: int
@@ -43,7 +43,7 @@ class PollOverruns:
 
     def __call__(self, event: JobSubmissionEvent) -> None:
         service = self._services.get(event.job_id)
-        if service is None:  # a cleaning: it runs as long as it must, and polls go on meanwhile
+        if service is None:  # a cleaning's: the next one runs on time (cowrite_cleaner_duration_seconds)
             return
         self._skipped.labels(service.name).inc()
         polls = service.polls

@@ -88,9 +88,9 @@ class _Serialised:
 
 def _store(load: dict[str, Any]) -> None:
     """Put a :meth:`S3Server.load`'s objects straight into moto's store, as a PUT of each would."""
-    bucket = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
     for key, data in load["objects"].items():
-        bucket.put_object(load["bucket"], key, base64.b64decode(data))
+        backend.put_object(load["bucket"], key, base64.b64decode(data))
 
 
 def _serve_s3() -> None:
