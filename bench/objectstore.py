@@ -266,25 +266,25 @@ def run(
 # -- tables ----------------------------------------------------------------------------------------
 
 
-def create_cowrite_table(uri: str, endpoint: str, mode: str, writers: int, history: int) -> None:
+def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history: int) -> None:
     import pyarrow as pa
 
     from cowrite.format.table import Table
     from cowrite.local.writer import LocalWriter
 
+    options = cowrite_options(server.endpoint_url, "setup")
     table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
-                         ordering_fields=["ts"], storage_options=cowrite_options(endpoint, "setup"))
+                         ordering_fields=["ts"], storage_options=options)
     if mode == "overlap":  # one file group holding every writer's keys
         LocalWriter(table).insert(pa.concat_tables([batch(i, "shared", -1) for i in range(writers)]))
     if history:
-        add_history(table, history)
+        add_history(server, table, history)
 
 
-def add_history(table: Any, instants: int) -> None:
+def add_history(server: Any, table: Any, instants: int) -> None:
     """``instants`` completed commits before now, each with its requested and inflight files, copied from
-    one real commit of partition ``history``: a long timeline, made without a writer's round trips."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    one real commit of partition ``history``: a long timeline, stored into the server at once (10,000
+    instants are 30,000 files)."""
     from cowrite.format.instant import Instant, State, from_millis
     from cowrite.local.writer import LocalWriter
 
@@ -298,8 +298,8 @@ def add_history(table: Any, instants: int) -> None:
         files += [(table.instant_path(requested), b""),
                   (table.instant_path(requested.transition(State.INFLIGHT)), payload),
                   (table.instant_path(completed), payload)]
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda f: table.storage.write(*f), files))
+    bucket, _, prefix = table.uri.split("://", 1)[1].partition("/")
+    server.load(bucket, {f"{prefix}/{path}": data for path, data in files})
 
 
 # -- reporting -------------------------------------------------------------------------------------
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             server.create_bucket(name)
             uri = f"s3://{name}/table"
             if engine == "cowrite":  # made directly on the server: the setup's requests are not timed
-                create_cowrite_table(uri, server.endpoint_url, mode, writers, history)
+                create_cowrite_table(server, uri, mode, writers, history)
             summary = run(engine, mode, writers, args.commits, uri, proxy)
             if history:
                 summary.mode = f"history {history}"
