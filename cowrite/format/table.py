@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -281,7 +282,7 @@ class Table:
         final, so a lock still held after the claim was held throughout).
         """
         lock.check_held()
-        instant, _ = self._claim(timeline, action, now_millis, plan)
+        instant, _, _ = self._claim(timeline, action, now_millis, plan)
         try:
             lock.check_held()
         except LeaseLostError:
@@ -291,9 +292,10 @@ class Table:
 
     def begin_instant(
         self, action: Action, now_millis: int, meanwhile: Callable[[], object] | None = None
-    ) -> tuple[Instant, Timeline]:
+    ) -> tuple[Instant, Timeline, float]:
         """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
-        return it with the timeline the write begins on, listed after the claim.
+        return it with the timeline the write begins on, listed after the claim, and when (on
+        ``time.monotonic()``) the create of the claim that stood began: the writer's lease runs from there.
 
         That timeline shows every instant completed before the claim was made: what the cleaner and the
         archiver take a pending writer to have seen (they order the two by the files' modification
@@ -311,9 +313,10 @@ class Table:
         now_millis: int,
         plan: bytes | Callable[[str], bytes] = b"",
         meanwhile: Callable[[], object] | None = None,
-    ) -> tuple[Instant, Timeline]:
+    ) -> tuple[Instant, Timeline, float]:
         """Create ``.requested`` at the first free time after ``timeline``'s newest instant and no earlier
-        than ``now_millis``; return it with the timeline listed right after.
+        than ``now_millis``; return it with the timeline listed right after, and the ``time.monotonic()``
+        at which its create began (its file was written after that, whatever the tries before it took).
 
         The file is created only if absent (test-and-set), and the claim stands if the listing after it
         shows it, no other action's instant at the same time (each time names one instant) and no instant
@@ -330,6 +333,7 @@ class Table:
                 instant = Instant(from_millis(millis), action, State.REQUESTED)
                 content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
                 create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
+                made_at = time.monotonic()
                 created, meanwhile = beside(self.storage, create, meanwhile), None
                 if created:
                     break
@@ -349,7 +353,7 @@ class Table:
         if observed():
             seen = sorted(i.requested_time for i in after if i.is_completed)
             reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
-        return instant, after
+        return instant, after, made_at
 
     def withdraw(self, instant: Instant, why: str) -> None:
         """Delete the ``.requested`` file of a claim under which nothing was written, at once; if that

@@ -143,11 +143,11 @@ class Transaction:
 
     def _begin(self) -> None:
         # No lock: the claim is a test-and-set, and the timeline the write begins on is listed after it
-        # (Table.begin_instant). The lease runs from the claim: until its first heartbeat a new instant is
-        # judged by its .requested file, so a writer paused past the tolerance meanwhile may have been
-        # rolled back, and fails to start.
-        claiming = time.monotonic()
-        requested, timeline = self.table.begin_instant(
+        # (Table.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
+        # instant is judged by its .requested file, written after that claim's create began, so a writer
+        # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
+        # first try: claims withdrawn before it (rivals claimed later times meanwhile) are no lease of its.
+        requested, timeline, claimed_at = self.table.begin_instant(
             self.action, int(self.options.clock() * 1000), meanwhile=self.turns.note
         )
         if self.options.txn is not None:
@@ -168,7 +168,7 @@ class Transaction:
             requested.requested_time,
             self.options.heartbeat_policy,
             self.holder.owner,
-            leased_at=claiming,
+            leased_at=claimed_at,
         ).start()
         log.debug("began %s on %s", requested, self.table)
 

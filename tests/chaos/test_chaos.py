@@ -433,6 +433,31 @@ def test_a_writer_paused_before_its_first_heartbeat_does_not_start_afresh(
     assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
 
 
+def test_a_writer_that_claims_again_leases_from_the_claim_that_stood(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Soak seed 886823, scenario 8, S3 at +50 ms.) Rivals' claims made a writer try again and again for
+    longer than its tolerance; its lease ran from its first try, so it lost it just after the claim that
+    stood, while it ran. Others judge the instant by that claim's file until the first heartbeat: the
+    lease runs from that claim's create."""
+    LocalWriter(table).insert(rows(["a"]))
+    create = table.storage.create_if_absent
+    tries: list[str] = []
+
+    def contended(path: str, data: bytes) -> bool:
+        tries.append(path)
+        if len(tries) == 1 and path.endswith(".commit.requested"):
+            time.sleep(POLICY.tolerance + 0.1)  # a slow try, and a rival took its time meanwhile
+            return False
+        return create(path, data)
+
+    monkeypatch.setattr(table.storage, "create_if_absent", contended)
+    LocalWriter(table).upsert(rows(["a"], ts=2, value="claimed again"))
+    monkeypatch.undo()
+    assert len(tries) >= 2 and tries[0] != tries[1]  # the time after the lost one
+    assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["claimed again"]
+
+
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
