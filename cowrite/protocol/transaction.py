@@ -146,7 +146,7 @@ class Transaction:
         # (Table.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
         # instant is judged by its .requested file, written after that claim's create began, so a writer
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
-        # first try: the claims it withdrew before (rivals had claimed later times) are judged by nobody.
+        # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
         requested, timeline, claimed_at = self.table.begin_instant(
             self.action, int(self.options.clock() * 1000), meanwhile=self.turns.note
         )
