@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -84,13 +85,22 @@ def test_a_lone_writer_holds_the_lock_for_four_round_trips(table: Table, proxy: 
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
+@pytest.fixture
+def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
+    """The S3 server behind a proxy that holds each request 50 ms: two requests made at once are then in
+    flight together, which an undelayed proxy may answer one before the other has left."""
+    with ProxyProcess(s3_server.endpoint_url, delay=0.05) as running:
+        yield running
+
+
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(
-    table: Table, proxy: ProxyProcess
+    table: Table, slow_proxy: ProxyProcess
 ) -> None:
     """While A writes, B commits to the same file group and notes it with the lock. A, whose begin
     preceded B's turn, takes the turn after B's without listing the timeline: it reads B's commit, which
     the note names, finds the conflict, publishes nothing and notes that. (A writer that waited for the
     lock has read such commits while it waited.)"""
+    proxy = slow_proxy
     slow, fast = LocalWriter(through(table, proxy, "slow")), LocalWriter(through(table, proxy, "fast"))
     slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
     fast.upsert(rows(["y"], part="p8"))
