@@ -86,18 +86,26 @@ class FileSystemView:
         timeline: Timeline | None = None,
         as_of: str | None = None,
         partitions: Iterable[str] | None = None,
+        *,
+        for_write: bool = False,
     ) -> FileSystemView:
         """The view of ``timeline`` (default: the timeline listed now), from a listing of base files taken
         after it.
 
-        Every completed commit on the timeline is read (and, for time travel, the last clean's plan). A
-        file a caller's ``timeline`` showed that was archived since raises :class:`InstantGoneError`; the
-        timeline listed here is listed once more instead (:meth:`Table.read_timeline`).
+        Every completed commit on the timeline is read (and, for time travel, the last clean's plan): a
+        read fails on any commit it cannot parse. A view ``for_write`` reads only the replacecommits and the
+        commits whose files it shows as latest, concurrently: a write fails when it would build on a commit
+        nobody can parse, and what it reads does not grow with the table's history. A file a caller's
+        ``timeline`` showed that was archived since raises :class:`InstantGoneError`; the timeline listed
+        here is listed once more instead (:meth:`Table.read_timeline`).
         """
         if timeline is None:
             wanted = None if partitions is None else tuple(partitions)  # may be read twice
-            return table.read_timeline(lambda listed: cls.build(table, listed, as_of, wanted))
-        timeline = table.verified(timeline)
+            return table.read_timeline(
+                lambda listed: cls.build(table, listed, as_of, wanted, for_write=for_write)
+            )
+        if not for_write:
+            timeline = table.verified(timeline)
         if as_of is not None:
             check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]
@@ -115,10 +123,14 @@ class FileSystemView:
             key = (base_file.partition, base_file.file_id)
             if key not in replaced and visible(base_file):
                 by_group.setdefault(key, []).append(base_file)
-        return cls(
+        view = cls(
             FileGroup(p, f, tuple(sorted(files, key=lambda b: b.instant_time)))
             for (p, f), files in by_group.items()
         )
+        if for_write:
+            latest = {b.instant_time for b in view.latest_base_files()}
+            table.commit_metadata_of([i for i in commits if i.requested_time in latest])
+        return view
 
     def latest_base_files(self) -> list[BaseFile]:
         return sorted((g.latest for g in self.groups.values()), key=lambda b: b.path)
@@ -170,11 +182,11 @@ def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> li
 
 
 def replaced_file_groups(table: Table, commits: Iterable[Instant]) -> set[tuple[str, str]]:
+    replacecommits = [i for i in commits if i.action == "replacecommit"]
     return {
         (partition, file_id)
-        for instant in commits
-        if instant.action == "replacecommit"
-        for partition, file_ids in table.commit_metadata(instant).replaced_file_ids.items()
+        for metadata in table.commit_metadata_of(replacecommits)
+        for partition, file_ids in metadata.replaced_file_ids.items()
         for file_id in file_ids
     }
 

@@ -103,9 +103,8 @@ class LocalWriter:
             p for p in pc.unique(incoming.column(PARTITION_PATH)).to_pylist() if p is not None
         ]
         lookup_all = operation is Operation.DELETE and incoming.column(PARTITION_PATH).null_count > 0
-        view = FileSystemView.build(
-            table, transaction.begin_timeline, partitions=None if lookup_all else known_partitions
-        )
+        partitions = None if lookup_all else known_partitions
+        view = FileSystemView.build(table, transaction.begin_timeline, partitions=partitions, for_write=True)
         replaced: dict[str, tuple[str, ...]] = {}
         if operation is Operation.INSERT_OVERWRITE:
             replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in known_partitions}

@@ -113,7 +113,7 @@ class AppendPipeline(Driver):
             return {}, record_bytes_of(table, timeline)
         if not timeline.data_commits():
             return {}, None
-        view = FileSystemView.build(table, timeline, partitions=self._partitions_of(data))
+        view = FileSystemView.build(table, timeline, partitions=self._partitions_of(data), for_write=True)
         if not view.groups:
             return {}, record_bytes_of(table, timeline)
         record_bytes = estimate_record_bytes(view, table.storage, pa.table({}), sorted(view.partitions))

@@ -189,7 +189,10 @@ class MergePipeline(IndexLookup):
         partitions = sorted(p for p in prepared.ranges if p is not None)
         lookup_all = None in prepared.ranges  # deletes without partition columns: every partition
         view = FileSystemView.build(
-            self.table, transaction.begin_timeline, partitions=None if lookup_all else partitions
+            self.table,
+            transaction.begin_timeline,
+            partitions=None if lookup_all else partitions,
+            for_write=True,
         )
         tagged = self._tag_rows(prepared, operation, view, partitions, lookup_all, release)
         self._index_metrics()

@@ -21,6 +21,7 @@ from support.request_counts import ProxyProcess, Request, what
 from support.servers import S3Server
 from support.tables import new_table, rows
 
+from cowrite import process
 from cowrite.cleaner import service_lock
 from cowrite.errors import WriteConflictError
 from cowrite.format import config as keys
@@ -83,6 +84,26 @@ def test_a_lone_writer_holds_the_lock_for_four_round_trips(table: Table, proxy: 
     expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
                 {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+def test_a_writer_reads_only_the_commits_it_builds_on_whatever_the_history(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """A process's first upsert into p0, after a dozen commits to another partition: it reads the commit
+    that wrote p0's file group and the latest one (the table's schema), none of the rest of the history,
+    which costs a read each in every new process before the write could stop growing with it."""
+    history = [LocalWriter(table).upsert(rows([f"h{n}"], part="elsewhere")) for n in range(12)]
+    [built_on] = [i for i in table.timeline().data_commits() if i.requested_time < history[0].requested_time]
+    process.forget()  # what a new writer process knows
+    LocalWriter(through(table, proxy, "new")).upsert(rows(["a"], ts=2, value="again"))
+    reads = [unquote(r.path).rsplit("/", 1)[-1] for r in proxy.reset() if what(r) == ("GET", "timeline")]
+    assert sorted(reads) == sorted([built_on.file_name, history[-1].file_name])
+    snapshot = as_rows(read.snapshot(table))
+    assert [r for r in snapshot if r["part"] == "p0"] == [
+        {"id": "a", "part": "p0", "ts": 2, "value": "again"},
+        {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+    ]
+    assert len(snapshot) == 14 and snapshot == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A completed commit that cannot be parsed is reported, never skipped: every read of the table fails with
-``CorruptTimelineError`` naming the file (snapshot, time travel, incremental, pulls, writes, the CLI),
-and ``cowrite timeline`` marks it. On local disk and S3. (The Spark reader and the daemon: their own
-test files.)"""
+``CorruptTimelineError`` naming the file (snapshot, time travel, incremental, pulls, the CLI), and so does
+every write that builds on it; ``cowrite timeline`` marks it. On local disk and S3. (The Spark reader and
+the daemon: their own test files.)"""
 
 from __future__ import annotations
 
@@ -78,12 +78,18 @@ def test_every_read_fails_naming_the_file(damaged: Damaged) -> None:
         "incremental after it": lambda: read.incremental(table, since=third.completion_time),
         "pull by completion time": lambda: read.pull(table, None),
         "pull behind the fence": lambda: read.pull(table, None, read.PullMode.FENCE),
-        "an upsert": lambda: LocalWriter(table).upsert(_rows([4], "a")),
+        "an upsert of its file group": lambda: LocalWriter(table).upsert(_rows([2], "b")),
+        "an insert into its partition": lambda: LocalWriter(table).insert(_rows([5], "b")),
     }
     for name, action in reads.items():
         with pytest.raises(CorruptTimelineError, match="cowrite rollback") as raised:
             action()
         assert raised.value.path == path, name
+    # A write elsewhere builds on nothing of it, and reads it not: its cost does not grow with the history
+    upsert = LocalWriter(table).upsert(_rows([4], "a"))
+    assert upsert in table.timeline().data_commits().completed()
+    with pytest.raises(CorruptTimelineError):
+        read.snapshot(table)
     # hudi-rs reads the middle commit's rows without a word (it parses the latest commit only); damage the
     # latest as well and it refuses the table, as cowrite does
     [*_, last] = table.timeline().data_commits().in_completion_order()
