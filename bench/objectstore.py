@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.objectstore                     # 1, 2, 4, 8 writers x 8 commits, 20 ms
     .venv/bin/python -m bench.objectstore --delay 0.05 --writers 8 --commits 16
-    .venv/bin/python -m bench.objectstore --history 100,10000 # + requests per commit over long timelines
+    .venv/bin/python -m bench.objectstore --history 100,10000 # + requests per commit over a long history
 
 The S3 server is the tests' moto server on 127.0.0.1; every request reaches it through
 :class:`bench.proxy.DelayingProxy`, which holds it ``--delay`` seconds as a network would and notes who
@@ -16,8 +16,11 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
 - ``overlap``: every writer upserts its own keys into one shared file group; conflicts are expected;
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table on the
   same server, behind the same proxy (conditional PUTs; a conflicting append is retried by delta-rs);
-- ``history`` (``--history``): the disjoint workload at the largest writer count on tables whose
-  timelines already hold that many completed instants.
+- ``history`` (``--history``): the disjoint workload at the largest writer count on tables that already
+  hold that many completed instants, as the daemon's archival leaves them (the newest
+  ``hoodie.keep.min.commits`` on the active timeline, the rest archived); ``--active-history``: all of
+  them on the active timeline, as on a table whose archival never ran (moto lists a prefix by walking
+  the whole bucket, so at thousands of instants its listings, not the round trips, set the time).
 
 Per configuration it prints commits/s (commits over the wall time from the common start to the last
 writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by kind;
@@ -266,7 +269,7 @@ def run(
 # -- tables ----------------------------------------------------------------------------------------
 
 
-def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history: int) -> None:
+def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history: History | None) -> None:
     import pyarrow as pa
 
     from cowrite.format.table import Table
@@ -281,31 +284,67 @@ def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history
         add_history(server, table, history)
 
 
-def add_history(server: Any, table: Any, instants: int) -> None:
-    """``instants`` completed commits before now, each with its requested and inflight files, copied from
-    one real commit of partition ``history``: a long timeline, stored into the server at once (10,000
-    instants are 30,000 files)."""
+@dataclass(frozen=True)
+class History:
+    """A table's past: ``instants`` completed commits, all on the active timeline or, ``archived``, as the
+    daemon's archival leaves them (the newest ``hoodie.keep.min.commits`` active, the rest archived)."""
+
+    instants: int
+    archived: bool
+
+    def __str__(self) -> str:
+        return f"history {self.instants} {'archived' if self.archived else 'active'}"
+
+
+def add_history(server: Any, table: Any, history: History) -> None:
+    """``history.instants`` completed commits before now, each with its requested and inflight files, copied
+    from one real commit of partition ``history``, stored into the server at once (10,000 instants are
+    30,000 files)."""
     from cowrite.format.instant import Instant, State, from_millis
     from cowrite.local.writer import LocalWriter
 
     seed = LocalWriter(table).insert(batch(-1, "history", 0))
     payload = table.storage.read(table.instant_path(seed))
-    start = int(time.time() * 1000) - 10 * instants - 60_000
-    files = []
-    for n in range(instants):
+    start = int(time.time() * 1000) - 10 * history.instants - 60_000
+    files = {}
+    for n in range(history.instants):
         requested = Instant(from_millis(start + 10 * n), seed.action, State.REQUESTED)
         completed = requested.transition(State.COMPLETED, from_millis(start + 10 * n + 5))
-        files += [(table.instant_path(requested), b""),
-                  (table.instant_path(requested.transition(State.INFLIGHT)), payload),
-                  (table.instant_path(completed), payload)]
+        files |= {table.instant_path(requested): b"",
+                  table.instant_path(requested.transition(State.INFLIGHT)): payload,
+                  table.instant_path(completed): payload}
+    if history.archived:
+        files = archived(table, files)
     bucket, _, prefix = table.uri.split("://", 1)[1].partition("/")
-    server.load(bucket, {f"{prefix}/{path}": data for path, data in files})
+    server.load(bucket, {f"{prefix}/{path}": data for path, data in files.items()})
+
+
+def archived(table: Any, files: dict[str, bytes]) -> dict[str, bytes]:
+    """The ``.hoodie`` files the table's archiver leaves of ``files`` added to its timeline: it runs on a
+    copy on local disk, where moving 10,000 instants out takes seconds rather than 60,000 requests."""
+    import tempfile
+
+    from cowrite.cleaner import archive, service_lock
+    from cowrite.format.table import Table
+
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch)
+        for info in table.storage.walk_files(".hoodie"):
+            files.setdefault(info.path, table.storage.read(info.path))
+        for path, data in files.items():
+            (copy / path).parent.mkdir(parents=True, exist_ok=True)
+            (copy / path).write_bytes(data)
+        local = Table.load(str(copy))
+        while archive(local, service_lock(local)):
+            pass
+        kept = (p for p in (copy / ".hoodie").rglob("*") if p.is_file())
+        return {str(p.relative_to(copy)): p.read_bytes() for p in kept}
 
 
 # -- reporting -------------------------------------------------------------------------------------
 
 KINDS = ("GET", "LIST", "HEAD", "PUT", "POST", "DELETE")
-HEADER = (f"{'engine':<9} {'workload':<13} {'writers':>7} {'commits/s':>9} {'p50 s':>6} {'p99 s':>6} "
+HEADER = (f"{'engine':<9} {'workload':<22} {'writers':>7} {'commits/s':>9} {'p50 s':>6} {'p99 s':>6} "
           f"{'commits':>7} {'conflicts':>9} {'spurious':>8} {'req/commit':>10}  "
           f"{' / '.join(KINDS)}  {'sequential p50/max':>18}  {'in lock p50/max (req)':>21}  errors")
 
@@ -319,7 +358,7 @@ def line(s: Summary) -> str:
     kinds = " / ".join(f"{s.requests[k] / commits:.1f}" for k in KINDS)
     lock = f"{_median(s.locked)} ({statistics.fmean(s.locked_requests):.1f})" if s.locked else "-"
     errors = ", ".join(f"{k}: {v}" for k, v in s.result.errors.items()) or "-"
-    return (f"{s.engine:<9} {s.mode:<13} {s.writers:>7} {s.rate:>9.2f} {s.percentile(0.5):>6.2f} "
+    return (f"{s.engine:<9} {s.mode:<22} {s.writers:>7} {s.rate:>9.2f} {s.percentile(0.5):>6.2f} "
             f"{s.percentile(0.99):>6.2f} {s.result.commits:>7} {s.result.conflicts:>9} {str(s.spurious):>8} "
             f"{s.per_commit:>10.1f}  {kinds}  {_median(s.chains):>18}  {lock:>21}  {errors}")
 
@@ -330,19 +369,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", default="1,2,4,8", help="comma-separated writer counts")
     parser.add_argument("--commits", type=int, default=8, help="commits per writer (8)")
     parser.add_argument("--workloads", default="disjoint,overlap", help="cowrite workloads to run")
-    parser.add_argument("--history", default="", help="comma-separated timeline lengths, e.g. 100,10000")
+    parser.add_argument("--history", default="", help="comma-separated archived histories, e.g. 100,10000")
+    parser.add_argument("--active-history", default="", help="the same, all on the active timeline")
     parser.add_argument("--no-delta", action="store_true", help="skip delta-rs")
     parser.add_argument("--trace", action="store_true", help="print the requests of writer 0's last call")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.writers.split(",")]
-    histories = [int(n) for n in args.history.split(",") if n]
+    histories = [History(int(n), archived=True) for n in args.history.split(",") if n]
+    histories += [History(int(n), archived=False) for n in args.active_history.split(",") if n]
     summaries: list[Summary] = []
     with s3_server() as server, DelayingProxy(server.endpoint_url, delay=args.delay, trace=True) as proxy:
         print(f"{args.commits} commits of {ROWS} rows per writer; {args.delay * 1000:.0f} ms per request; "
               f"{mp.cpu_count()} CPUs")
         print(HEADER)
 
-        def measure(engine: str, mode: str, writers: int, name: str, history: int = 0) -> None:
+        def measure(engine: str, mode: str, writers: int, name: str, history: History | None = None) -> None:
             # A bucket of its own: moto lists a prefix by walking the whole bucket under the server's one
             # lock, so the tables of earlier configurations would slow every listing of this one.
             server.create_bucket(name)
@@ -351,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                 create_cowrite_table(server, uri, mode, writers, history)
             summary = run(engine, mode, writers, args.commits, uri, proxy)
             if history:
-                summary.mode = f"history {history}"
+                summary.mode = str(history)
             summaries.append(summary)
             print(line(summary), flush=True)
             if args.trace:
@@ -367,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             for writers in counts:
                 measure("delta-rs", "disjoint", writers, f"delta-{writers}")
         for history in histories:
-            measure("cowrite", "disjoint", max(counts), f"history-{history}", history)
+            measure("cowrite", "disjoint", max(counts), str(history).replace(" ", "-"), history)
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
     if not args.no_delta and "disjoint" in args.workloads:
