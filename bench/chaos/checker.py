@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,10 @@ class TimelineFile:
     content: bytes | None  # None: not read (large or not needed)
     modified: float | None  # None for archived files
     archived_before: float | None = None  # the archive file's modification time
+    # The latest moment it may have appeared: on local disk a file with content is written aside and
+    # linked into place, which sets the inode's change time, while its modification time is when it was
+    # written; a claimant paused in between makes its claim visible after a rival's later one.
+    in_place: float | None = None
 
 
 @dataclass
@@ -255,7 +260,8 @@ class Checker:
                 instant = Instant.parse(info.name)
             except InvalidInstantError:
                 continue
-            files.append(TimelineFile(instant, None, self._written(info.modified)))
+            written = self._written(info.modified)
+            files.append(TimelineFile(instant, None, written, in_place=self._in_place(info.path, written)))
         for info in self.storage.list(ARCHIVE_DIR):
             archived = self._written(info.modified)
             for record in json.loads(self.storage.read(info.path)):
@@ -291,6 +297,14 @@ class Checker:
         modification time (S3's whole seconds) as the end of its span, so that judges err young; the
         checks here reason from the start of it, with a second's slack on S3."""
         return modified - self.storage.clock_resolution
+
+    def _in_place(self, path: str, written: float) -> float:
+        if self.scenario.backend != "local":
+            return written
+        try:
+            return max(written, os.stat(self.storage.full_path(path)).st_ctime)
+        except FileNotFoundError:
+            return written
 
     def _content(self, item: TimelineFile) -> bytes:
         if item.content is None:
@@ -425,19 +439,13 @@ class Checker:
             if (item.instant.completion_time or "") <= item.instant.requested_time:
                 self.fail("3", f"{item.instant.file_name} completed before it was requested")
         slack = 1.0 if self.scenario.backend == "s3" else 0.0
-        active = sorted(
-            (f for f in evidence.completed.values() if f.modified is not None),
-            key=lambda f: f.modified or 0.0,
-        )
-        for earlier, later in zip(active, active[1:], strict=False):
-            if (later.modified or 0) - (earlier.modified or 0) > slack and (
-                later.instant.completion_time or ""
-            ) <= (earlier.instant.completion_time or ""):
-                self.fail(
-                    "3",
-                    f"{later.instant.file_name} was published after {earlier.instant.file_name} "
-                    "with a smaller completion time",
-                )
+        active = [f for f in evidence.completed.values() if f.modified is not None]
+        for earlier, later in _out_of_order(active, lambda f: f.instant.completion_time or "", slack):
+            self.fail(
+                "3",
+                f"{later.instant.file_name} was published after {earlier.instant.file_name} "
+                "with a smaller completion time",
+            )
         for archived in (f for f in evidence.completed.values() if f.archived_before is not None):
             for item in active:
                 if (item.modified or 0) - (archived.archived_before or 0) > slack and (
@@ -448,19 +456,13 @@ class Checker:
                         f"{item.instant.file_name} was published after {archived.instant.file_name} "
                         "was archived, with a smaller completion time",
                     )
-        claims = sorted(
-            (f for f in evidence.requested_files.values() if f.modified is not None),
-            key=lambda f: f.modified or 0.0,
-        )
-        for earlier, later in zip(claims, claims[1:], strict=False):
-            if (later.modified or 0) - (
-                earlier.modified or 0
-            ) > slack and later.instant.requested_time <= earlier.instant.requested_time:
-                self.fail(
-                    "3",
-                    f"instant {later.instant.requested_time} was claimed after "
-                    f"{earlier.instant.requested_time} with a smaller time",
-                )
+        claims = [f for f in evidence.requested_files.values() if f.modified is not None]
+        for earlier, later in _out_of_order(claims, lambda f: f.instant.requested_time, slack):
+            self.fail(
+                "3",
+                f"instant {later.instant.requested_time} was claimed after "
+                f"{earlier.instant.requested_time} with a smaller time",
+            )
         log = self.o.commit_log
         for entry in log:
             item = evidence.completed.get(entry["instant"])
@@ -758,3 +760,18 @@ def _inventory(storage: Storage) -> dict[str, int]:
 
 def rows_of(rows: Iterable[Row]) -> list[tuple[str, str, int, str]]:
     return [(r.id, r.part, r.ts, r.value) for r in rows]
+
+
+def _out_of_order(
+    files: list[TimelineFile], key: Callable[[TimelineFile], str], slack: float
+) -> list[tuple[TimelineFile, TimelineFile]]:
+    """Pairs (earlier, later) in which ``later`` was written more than ``slack`` after ``earlier`` was
+    surely in place, yet its ``key`` is not the greater: one pair for each such later file."""
+    found = []
+    for later in files:
+        before = [
+            f for f in files if (later.modified or 0) - (f.in_place or 0) > slack and key(later) <= key(f)
+        ]
+        if before:
+            found.append((max(before, key=key), later))
+    return found

@@ -458,6 +458,46 @@ def test_a_writer_that_claims_again_leases_from_the_claim_that_stood(
     assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["claimed again"]
 
 
+def test_a_claim_linked_into_place_after_a_lower_one_is_not_taken_for_one_claimed_out_of_order(
+    table: Table,
+) -> None:
+    """A claim with content is written aside and linked into place: its modification time is when it was
+    written. A cleaner paused in between (soak 11, seed 887025, scenario 4) showed its claim after a
+    writer's lower one, which the checker, reading modification times, took for a claim out of order.
+    The same two claims made the other way round are out of order, and reported."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    now = int(time.time() * 1000)
+
+    def claims(first_in_place: bool) -> list[str]:
+        low, high = (Instant(from_millis(now + n), action, State.REQUESTED) for n, action in
+                     ((1, Action.COMMIT), (2, Action.CLEAN)))  # fmt: skip
+        aside = Path(table.storage.full_path(f"{high.file_name}.tmp"))
+        aside.write_bytes(b"a clean's plan")
+
+        def link() -> None:  # as the local storage's create_if_absent does
+            os.link(aside, table.storage.full_path(table.instant_path(high)))
+            aside.unlink()
+
+        time.sleep(0.05)
+        if first_in_place:
+            link()
+            time.sleep(0.05)
+        table.storage.write(table.instant_path(low), b"")
+        time.sleep(0.05)
+        if not first_in_place:
+            link()
+        violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+        for instant in (low, high):
+            table.storage.delete(table.instant_path(instant))
+        return [v.message for v in violations if "claimed after" in v.message]
+
+    assert claims(first_in_place=False) == []
+    now += 10
+    assert claims(first_in_place=True) == [
+        f"instant {from_millis(now + 1)} was claimed after {from_millis(now + 2)} with a smaller time"
+    ]
+
+
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
