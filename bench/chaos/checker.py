@@ -124,7 +124,8 @@ class Checker:
         self.beats: dict[str, list[float]] = defaultdict(list)  # as judges see them: storage times
         self.beat_walls: dict[str, list[float]] = defaultdict(list)  # as the writer saw them
         self._released = next((h["wall"] for h in outcome.harness if h["kind"] == "release"), 0.0)
-        self.life: dict[str, list[float]] = defaultdict(list)  # instant -> moments its writer was known alive
+        # instant -> moments its writer was alive as judges see it: when it began to write a file of it
+        self.life: dict[str, list[float]] = defaultdict(list)
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
         self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
         self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
@@ -147,12 +148,12 @@ class Checker:
                             f"and w{worker}",
                         )
                     self.claims[instant] = event
-                    self.life[instant].append(event["wall"])
+                    self.life[instant].append(event.get("made", event["wall"]))
                 elif kind == "beat":
                     self.beats[instant].append(event["modified"])
                     self.beat_walls[instant].append(event["wall"])
                 elif kind == "planned":
-                    self.life[instant].append(event["wall"])
+                    self.life[instant].append(event.get("made", event["wall"]))
                     self.planned[instant].append(event["wall"])
                 elif kind == "gave-up":
                     self.given_up.setdefault(instant, event["wall"])

@@ -13,7 +13,8 @@ process only:
 
 Everything that happens is appended to the events file as one JSON object per line (single ``write`` calls
 on an ``O_APPEND`` file, so a kill never leaves half a line, and lines of several processes never mix):
-``claimed`` (the instant and the completed instants it saw), ``planned``, ``beat`` (a renewal and the
+``claimed`` (the instant, the completed instants it saw and when the create of its claim began),
+``planned`` (and when its plan began to be written), ``beat`` (a renewal and the
 modification time judges see), ``published`` (also appended to the shared commit log, written while the
 table lock is held, so the log's order is the commit order), ``abort`` (and its cause), ``gave-up`` (the
 heartbeat marked aborted: rollback may start at once), ``round`` (the outcome the writer reports),

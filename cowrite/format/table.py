@@ -352,7 +352,8 @@ class Table:
             timeline = after
         if observed():
             seen = sorted(i.requested_time for i in after if i.is_completed)
-            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen)
+            made = time.time() - (time.monotonic() - made_at)  # the claim judges see is no older
+            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen, made=made)
         return instant, after, made_at
 
     def withdraw(self, instant: Instant, why: str) -> None:

@@ -498,6 +498,27 @@ def test_a_claim_linked_into_place_after_a_lower_one_is_not_taken_for_one_claime
     ]
 
 
+def test_a_claim_is_judged_alive_from_when_it_was_made_not_from_when_its_claimant_said_so(
+    table: Table,
+) -> None:
+    """A writer stopped right after its claim stood, whose listing after the create was slow (soak 12,
+    seed 887121, scenario 5): the judge rolled it back a tolerance after the claim's file was made, which
+    the checker, counting from the writer's later ``claimed`` event, took for a judgement too early."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    instant, _, _ = table.begin_instant(Action.COMMIT, int(time.time() * 1000))
+    made = table.storage.stat(table.instant_path(instant)).modified
+    time.sleep(POLICY.tolerance + 0.05)
+    [rolled_back] = rollback_failed(table, service_lock(table), POLICY)
+    assert rolled_back.target == instant.requested_time
+    claimed = {"event": "claimed", "instant": instant.requested_time, "worker": 0, "round": 0, "seen": [],
+               "action": "commit", "wall": made + POLICY.tolerance - 0.1}  # fmt: skip
+    early = f"rollback {rolled_back.rollback.requested_time} judged {instant.requested_time} failed"
+    for event, reported in (({**claimed, "made": made}, False), (claimed, True)):
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events={0: [event]})
+        violations, _ = Checker(outcome).check()
+        assert any(v.message.startswith(early) for v in violations) is reported, violations
+
+
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
