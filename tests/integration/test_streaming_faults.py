@@ -131,6 +131,7 @@ def run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Run]:
             started.kill(process)
 
 
+@pytest.mark.timeout(600)  # six drivers one after another, each starting a JVM: minutes on a loaded machine
 def test_a_streaming_ingestion_killed_at_random_points_beside_a_backfill_writes_every_record_once(
     run: Run,
 ) -> None:
