@@ -492,22 +492,16 @@ class Checker:
         expiries = self._expired_locks()
         for worker, events in self.o.events.items():
             for event in events:
-                if event["event"] == "fault" and event["kind"] == "stop" and event["step"] != "published":
+                # Stopped while claiming, a writer held no instant: the lease of the claim it made after it
+                # continued runs from that claim's create.
+                if event["event"] == "fault" and event["kind"] == "stop" and event["step"] not in (
+                    "published",
+                    "claiming",
+                ):
                     instant = event.get("instant")
-                    if event["step"] == "claiming":
-                        instant = next(
-                            (
-                                e["instant"]
-                                for e in events
-                                if e["event"] == "claimed"
-                                and e["round"] == event["round"]
-                                and e["wall"] >= event["wall"]
-                            ),
-                            None,
-                        )
                     if instant is None or instant not in evidence.completed:
                         continue
-                    if event["step"] in ("claiming", "claimed"):
+                    if event["step"] == "claimed":
                         # no heartbeat yet: its lease is the begin lock, lost only if someone expired it
                         resumed = next(
                             (

@@ -41,6 +41,8 @@ from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
+from cowrite.protocol.locks.base import LockHolder
+from cowrite.protocol.locks.lock_files import acquired_path, expire_lock
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.steps import Step, observe
 from cowrite.storage.backend import Storage
@@ -517,6 +519,30 @@ def test_a_claim_is_judged_alive_from_when_it_was_made_not_from_when_its_claiman
         outcome = replace(_outcome(table.uri, seeded.requested_time), events={0: [event]})
         violations, _ = Checker(outcome).check()
         assert any(v.message.startswith(early) for v in violations) is reported, violations
+
+
+def test_a_writer_stopped_while_claiming_owes_nothing_to_a_lock_it_left_behind(table: Table) -> None:
+    """A writer whose create of a lock lost its acknowledgement left that lock behind (soak 12, seed 887132,
+    scenario 0), then was stopped while claiming its next instant, and the lock was expired meanwhile. The
+    claim it made after it continued leased from its own create and rightly completed; the checker took
+    the expired lock for that round's lease."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    written = LocalWriter(table).upsert(rows(["a"], ts=2, value="after"))
+    pid, stopped = 4242, time.time()
+    left = LockHolder(owner=f"vm:{pid}:left")
+    assert table.storage.create_if_absent(acquired_path(1000), left.to_bytes())
+    assert expire_lock(table.storage, 1000, left, "stale", "vm:1:reaper", at=stopped + 1)
+    step = {"worker": 0, "pid": pid, "round": 4}
+    events = [
+        {**step, "event": "fault", "kind": "stop", "step": "claiming", "instant": None, "wall": stopped},
+        {**step, "event": "resumed", "step": "claiming", "instant": None, "wall": stopped + 2},
+        {**step, "event": "claimed", "instant": written.requested_time, "seen": [], "action": "commit",
+         "wall": stopped + 2.1},
+    ]  # fmt: skip
+    checker = Checker(replace(_outcome(table.uri, seeded.requested_time), events={0: events}))
+    checker._collect_events()
+    checker.check_leases(checker._collect_timeline())  # the rows are no writer's plan: leases alone
+    assert checker.violations == []
 
 
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
