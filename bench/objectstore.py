@@ -329,9 +329,8 @@ def archived(table: Any, files: dict[str, bytes]) -> dict[str, bytes]:
 
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch)
-        for info in table.storage.walk_files(".hoodie"):
-            files.setdefault(info.path, table.storage.read(info.path))
-        for path, data in files.items():
+        present = {info.path: table.storage.read(info.path) for info in table.storage.walk_files(".hoodie")}
+        for path, data in (present | files).items():
             (copy / path).parent.mkdir(parents=True, exist_ok=True)
             (copy / path).write_bytes(data)
         local = Table.load(str(copy))

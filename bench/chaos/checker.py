@@ -502,7 +502,7 @@ class Checker:
                     if instant is None or instant not in evidence.completed:
                         continue
                     if event["step"] == "claimed":
-                        # no heartbeat yet: its lease is the begin lock, lost only if someone expired it
+                        # no heartbeat yet: reported only if a lock of its process was expired meanwhile
                         resumed = next(
                             (
                                 e["wall"]

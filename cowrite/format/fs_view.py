@@ -128,7 +128,7 @@ class FileSystemView:
             for (p, f), files in by_group.items()
         )
         if for_write:
-            latest = {b.instant_time for b in view.latest_base_files()}
+            latest = {g.latest.instant_time for g in view.groups.values()}
             table.commit_metadata_of([i for i in commits if i.requested_time in latest])
         return view
 
