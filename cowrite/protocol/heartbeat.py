@@ -241,7 +241,10 @@ class _Renewals:
                     if due <= now:
                         self._due[heartbeat] = now + heartbeat.policy.interval
                         assert self._pool is not None
-                        self._pool.submit(heartbeat.renew)
+                        try:
+                            self._pool.submit(heartbeat.renew)
+                        except RuntimeError:  # the interpreter is exiting and has shut the pool down
+                            return
                 following = min(self._due.values(), default=None)
                 self._changed.wait(None if following is None else following - now)
 

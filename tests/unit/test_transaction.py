@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -183,6 +185,23 @@ def test_heartbeats_are_renewed_in_the_background_until_stopped(table: Table) ->
     assert abort_reason(storage, beats[1].instant) == "conflict"  # not overwritten by a late renewal
     assert renewals[beats[2].instant] > stopped[beats[2].instant]
     beats[2].stop()
+
+
+def test_heartbeats_still_due_when_the_interpreter_exits_end_quietly(tmp_path: Path) -> None:
+    # A process may exit while a writer's heartbeat is still due (a thread left writing, a script that
+    # ends early). Python shuts the renewal pool down first; the scheduler must then stop, not print a
+    # traceback from a background thread.
+    script = f"""
+import concurrent.futures.thread, time
+from cowrite.protocol import heartbeat
+from cowrite.storage.backend import Storage
+beat = heartbeat.Heartbeat(Storage.for_uri({str(tmp_path)!r}), "20260101000000000",
+                           heartbeat.HeartbeatPolicy(interval=0.01, tolerable_misses=100)).start()
+concurrent.futures.thread._python_exit()  # what the interpreter does on its way out
+heartbeat._renewals._thread.join(30)  # its next renewal comes due after that
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_retry_on_conflict_uses_a_new_instant(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
