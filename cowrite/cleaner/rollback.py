@@ -27,7 +27,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.markers import delete_markers, marked_files
 from cowrite.format.service_metadata import RollbackPlan, RollbackResult
 from cowrite.format.table import Table
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import Timeline, left_behind
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.liveness import judge, pending_writers
 from cowrite.protocol.locks import TableLock
@@ -223,11 +223,9 @@ def remove_withdrawn_claims(table: Table) -> list[Instant]:
         at_shared.setdefault(instant.requested_time, []).append(instant)
     removed = []
     for instants in at_shared.values():
-        went_on = {i.action for i in instants if i.state is not State.REQUESTED}
-        for instant in instants:
-            if went_on and instant.action not in went_on:
-                table.storage.delete(table.instant_path(instant))
-                removed.append(instant)
+        for instant in left_behind(instants):
+            table.storage.delete(table.instant_path(instant))
+            removed.append(instant)
     if removed:
         log.info("removed withdrawn claims: %s", ", ".join(i.file_name for i in removed))
     return removed

@@ -281,10 +281,10 @@ class TableService:
             expire_lock(table.storage, lock.lock_id, lock.holder, reason, self._reaper, now)
 
     def _roll_back(self, table: Table, pending: list[PendingInstant], now: float) -> list[PendingInstant]:
-        """Roll back failed writes and finish interrupted rollbacks; the pending writers left."""
+        """Roll back failed writes, finish rollbacks, remove claims left behind: the pending writers left."""
         assert self.follower is not None and self.lock is not None
         unfinished = any(i.action is Action.ROLLBACK for i in self.state.pending_instants)
-        if not unfinished and not any(p.failed for p in pending):
+        if not unfinished and not any(p.failed for p in pending) and not self.state.claims_left_behind:
             return pending
         try:
             with self._timed("rollback"):

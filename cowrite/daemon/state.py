@@ -40,7 +40,7 @@ from cowrite.daemon.events import (
 )
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.overlay import CommitEntry
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import Timeline, left_behind
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.liveness import WRITER_ACTIONS, PendingInstant
 from cowrite.protocol.locks import LockHolder
@@ -297,6 +297,12 @@ class TableState:
     def pending_instants(self) -> list[Instant]:
         """Every pending instant (of any action), oldest first."""
         return [self._visible[t] for t in sorted(self._pending)]
+
+    @property
+    def claims_left_behind(self) -> bool:
+        """Whether a time holds a claim left behind beside another action's instant (see
+        :func:`~cowrite.format.timeline.left_behind`): hidden from the timeline, pending to other readers."""
+        return any(left_behind(files.values()) for files in self._files.values() if len(files) > 1)
 
     @property
     def oldest_pending(self) -> str | None:

@@ -76,6 +76,15 @@ def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str] 
         shared.add(instant.requested_time)
 
 
+def left_behind(instants: Iterable[Instant]) -> list[Instant]:
+    """Of the instant files at one time, the claims left behind: still requested while another action's
+    instant at that time went on (inflight or completed). Only the claim that stands proceeds, so each
+    was withdrawn by a claimant that could not delete it, or was killed first (:meth:`Table._claim`)."""
+    instants = list(instants)
+    went_on = {i.action for i in instants if i.state is not State.REQUESTED}
+    return [i for i in instants if went_on and i.action not in went_on]
+
+
 def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
     # One instant per time: sorting the times alone orders them, without comparing Instant objects.
     if len(latest) < 2:

@@ -332,6 +332,37 @@ def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went
     assert Timeline.shared_times(table.storage) == frozenset()
 
 
+def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same leftover, where the daemon is the only cleaner and nothing else is to be rolled back (soak
+    14, seed 887351, scenario 1): it looked for leftovers only when it rolled something back, so the time
+    stayed used by two actions, a pending commit to every other Hudi reader."""
+    LocalWriter(table).insert(rows(["a"]))
+    original_delete = type(table.storage).delete
+
+    def delete(self: Storage, path: str) -> None:
+        if path.endswith(".commit.requested"):
+            raise StorageError(f"injected: delete {path} failed")
+        original_delete(self, path)
+
+    monkeypatch.setattr(type(table.storage), "delete", delete)
+    writer, clash = _claim_beside_a_clean(table, monkeypatch, lambda _: None)
+    writer.abort()
+    # its aborted round is rolled back while the clean is only requested: the leftover stays for now
+    rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config))
+    table.storage.write(f"{TIMELINE_DIR}/{clash}.clean.inflight", b"")
+    leftover = f"{TIMELINE_DIR}/{clash}.commit.requested"
+    assert table.storage.exists(leftover)
+    assert [i.action for i in table.timeline().pending()] == [Action.CLEAN]
+
+    service = _service(table)
+    service.poll()
+    assert service.status.up, service.status.error
+    assert not table.storage.exists(leftover)
+    assert table.storage.exists(f"{TIMELINE_DIR}/{clash}.clean.inflight")
+
+
 def test_a_claimant_whose_claim_was_removed_before_it_listed_claims_again(
     table: Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
