@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 import pyarrow as pa
@@ -625,6 +626,30 @@ def test_two_claims_of_one_time_rolled_back_once_each_are_not_a_double_rollback(
     ]
     violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
     assert [v.message for v in violations if "rolled back" in v.message] == []
+
+
+def test_a_claim_left_behind_at_a_rollbacks_time_is_reported_not_read_as_its_plan(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's claim left behind at the time of a rollback (soak 14, seed 887351, scenario 1): the
+    checker kept one requested file per time, the last listed, and read the writer's empty claim as the
+    rollback's plan, ending in a traceback instead of a report."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    dead = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    assert dead.heartbeat is not None
+    dead.heartbeat.stop(delete=False)
+    [undone] = rollback_failed(table, service_lock(table), POLICY, now=time.time() + 10 * POLICY.tolerance)
+    shared = undone.rollback.requested_time
+    table.storage.write(table.instant_path(Instant(shared, Action.COMMIT, State.REQUESTED)), b"")
+    listed = type(table.storage).list
+    # a directory lists in no particular order: the claim after the plan, as in that soak
+    monkeypatch.setattr(
+        type(table.storage), "list", lambda *a, **k: sorted(listed(*a, **k), key=attrgetter("name"))[::-1]
+    )
+    violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+    assert [(v.invariant, v.message) for v in violations if v.invariant in ("3", "harness")] == [
+        ("3", f"instant time {shared} is used by several actions: ['commit', 'rollback']")
+    ]
 
 
 def test_two_cleaners_finish_one_rollback_once(table: Table) -> None:

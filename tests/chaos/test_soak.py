@@ -185,7 +185,9 @@ def test_a_rollback_of_a_writer_that_gave_up_is_judged_with_whole_second_times_o
             rollback: TimelineFile(Instant(rollback, Action.ROLLBACK, State.COMPLETED, rollback), b"", 101)
         },
         requested_files={
-            rollback: TimelineFile(Instant(rollback, Action.ROLLBACK, State.REQUESTED), plan, 100.0)
+            (rollback, Action.ROLLBACK): TimelineFile(
+                Instant(rollback, Action.ROLLBACK, State.REQUESTED), plan, 100.0
+            )
         },
     )
     checker.check_rollbacks(evidence)
