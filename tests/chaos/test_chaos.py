@@ -302,11 +302,11 @@ def _claim_beside_a_clean(
     return writer, clash
 
 
-def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went_on(
+def _claim_left_behind_beside_a_clean(
     table: Table, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The writer that lost a shared time could not delete its claim (soak seed 185027): the timeline hides
-    the leftover behind the clean, so no rollback saw it, and the time stayed used by two actions."""
+) -> tuple[Transaction, str]:
+    """:func:`_claim_beside_a_clean`, on a table with a commit, where the writer cannot delete the claim
+    it withdraws: it is left behind at the clean's time."""
     LocalWriter(table).insert(rows(["a"]))
     original_delete = type(table.storage).delete
 
@@ -316,7 +316,15 @@ def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went
         original_delete(self, path)
 
     monkeypatch.setattr(type(table.storage), "delete", delete)
-    writer, clash = _claim_beside_a_clean(table, monkeypatch, lambda _: None)
+    return _claim_beside_a_clean(table, monkeypatch, lambda _: None)
+
+
+def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went_on(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer that lost a shared time could not delete its claim (soak seed 185027): the timeline hides
+    the leftover behind the clean, so no rollback saw it, and the time stayed used by two actions."""
+    writer, clash = _claim_left_behind_beside_a_clean(table, monkeypatch)
     writer.abort()
     leftover = f"{TIMELINE_DIR}/{clash}.commit.requested"
     assert table.storage.exists(leftover)
@@ -339,16 +347,7 @@ def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
     """The same leftover, where the daemon is the only cleaner and nothing else is to be rolled back (soak
     14, seed 887351, scenario 1): it looked for leftovers only when it rolled something back, so the time
     stayed used by two actions, a pending commit to every other Hudi reader."""
-    LocalWriter(table).insert(rows(["a"]))
-    original_delete = type(table.storage).delete
-
-    def delete(self: Storage, path: str) -> None:
-        if path.endswith(".commit.requested"):
-            raise StorageError(f"injected: delete {path} failed")
-        original_delete(self, path)
-
-    monkeypatch.setattr(type(table.storage), "delete", delete)
-    writer, clash = _claim_beside_a_clean(table, monkeypatch, lambda _: None)
+    writer, clash = _claim_left_behind_beside_a_clean(table, monkeypatch)
     writer.abort()
     # its aborted round is rolled back while the clean is only requested: the leftover stays for now
     rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config))
