@@ -35,15 +35,16 @@ def fill(server: Any, objects: int) -> None:
     server.load(BUCKET, files)
 
 
-def calls(client: Any, objects: int) -> dict[str, Callable[[int], object]]:
+def calls(client: Any) -> dict[str, Callable[[int], object]]:
+    def get(i: int) -> bytes:
+        return client.get_object(Bucket=BUCKET, Key=f"{TIMELINE}{i % 200:017d}.commit")["Body"].read()
+
     return {
         "LIST the timeline (200 names)": lambda i: client.list_objects_v2(Bucket=BUCKET, Prefix=TIMELINE),
         "LIST an empty prefix": lambda i: client.list_objects_v2(Bucket=BUCKET, Prefix="t/.hoodie/locks/"),
-        "GET 2 KB": lambda i: client.get_object(Bucket=BUCKET, Key=f"{TIMELINE}{i % 200:017d}.commit")[
-            "Body"
-        ].read(),
+        "GET 2 KB": get,
         "PUT 2 KB if absent": lambda i: client.put_object(
-            Bucket=BUCKET, Key=f"new-{objects}/{i}", Body=b"n" * 2000, IfNoneMatch="*"
+            Bucket=BUCKET, Key=f"new/{i}", Body=b"n" * 2000, IfNoneMatch="*"
         ),
     }
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 aws_secret_access_key=SECRET,
                 region_name=REGION,
             )
-            for name, call in calls(client, objects).items():
+            for name, call in calls(client).items():
                 per_second = rate(call, args.requests)
                 print(f"{objects:>8}  {name:32} {per_second:>10.0f} {1000 / per_second:>8.1f}")
     return 0
