@@ -230,6 +230,14 @@ def test_release_is_safe_twice_and_when_not_held(
 # -- the filesystem lock ---------------------------------------------------------------------------
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
 def lock_ids(storage: Storage) -> list[str]:
     return sorted((info.name for info in storage.list(LOCK_DIR)), key=lambda n: (int(n[4:].split(".")[0]), n))
 
@@ -445,8 +453,8 @@ def test_a_killed_holder_is_recovered_after_the_tolerance(tmp_path: Path) -> Non
         process.stdout.close()
 
 
-def test_a_lock_taken_from_a_stale_view_is_not_held(
-    storage: Storage, monkeypatch: pytest.MonkeyPatch
+def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = fs_lock(storage)
     for _ in range(3):
@@ -459,17 +467,26 @@ def test_a_lock_taken_from_a_stale_view_is_not_held(
     holder = fs_lock(storage, LockHolder(owner="real-holder"))
     holder.acquire(timeout=5)
     assert holder.lock_id == 12
-    assert collect_garbage(storage, keep=2) == 2 * 9  # ids 1..9 gone, so lock4.acquired can be created again
+    # lock8's holder collected ids 1..4 (in the background on an object store), this ids 5..9: lock4.acquired
+    # can be created again
+    wait_until(lambda: "lock4.acquired" not in lock_ids(storage), "lock8's holder to collect lock4")
+    assert collect_garbage(storage, keep=2) == 2 * 5
 
     # The contender's first listing is the stale one; every later one is fresh.
     real_scan = filesystem.scan
     views = iter([lock_files.files_named(stale_view)])
     monkeypatch.setattr(filesystem, "scan", lambda storage: next(views, None) or real_scan(storage))
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
-    with pytest.raises(LockTimeoutError, match="real-holder"):
+    with (
+        caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"),
+        pytest.raises(LockTimeoutError, match="real-holder"),
+    ):
         contender.acquire(timeout=0.1)
     assert not contender.is_held
-    assert storage.exists(acquired_path(4)) and read_release(storage, 4)["owner"] == "stale-contender"
+    assert "lock4 on" in caplog.text and "stale view (lock12 exists)" in caplog.text
+    # released, then collected (in the background on an object store): nobody else would collect it
+    stale = {"lock4.acquired", "lock4.released"}
+    wait_until(lambda: not stale & set(lock_ids(storage)), "lock4's files to go")
     holder.check_held()
     current = current_lock(storage)
     assert current is not None and current.lock_id == 12 and current.holder.owner == holder.holder.owner
@@ -497,15 +514,15 @@ def test_a_forged_low_lock_does_not_count(storage: Storage) -> None:
 def test_garbage_collection_keeps_the_highest_ids(storage: Storage) -> None:
     assert collect_garbage(storage) == 0
     lock = fs_lock(storage)
-    for _ in range(12):
+    for _ in range(3):  # fewer turns than holders collect after
         lock.acquire(timeout=5)
         lock.release()
-    lock.acquire(timeout=5)  # 13, held
-    assert collect_garbage(storage, keep=10) == 2 * 2
-    assert lock_ids(storage)[0] == "lock3.acquired"
-    assert collect_garbage(storage, keep=10) == 0
-    assert collect_garbage(storage, keep=0) == 2 * 10
-    assert lock_ids(storage) == ["lock13.acquired"]
+    lock.acquire(timeout=5)  # 4, held
+    assert collect_garbage(storage, keep=2) == 2 * 1
+    assert lock_ids(storage)[0] == "lock2.acquired"
+    assert collect_garbage(storage, keep=2) == 0
+    assert collect_garbage(storage, keep=0) == 2 * 2
+    assert lock_ids(storage) == ["lock4.acquired"]
     lock.check_held()
     with pytest.raises(ValueError):
         collect_garbage(storage, keep=-1)
@@ -667,6 +684,47 @@ def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPa
     config = Config({keys.LOCK_PROVIDER.key: "zookeeper", keys.ZK_URL.key: "zk1"})
     with pytest.raises(ConfigError, match=r"pip install cowrite\[zookeeper\]"):
         lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
+
+
+def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(storage: Storage) -> None:
+    """Holders collect old lock files every few turns. A writer that saw a turn's note on one of its tries
+    while it waited still knows, once it holds the lock, what that turn published: nine turns went by
+    here, and the files of the first four were gone before it took the lock."""
+
+    def published(n: int) -> str:
+        return f"{20261126000000000 + 2 * n}_{20261126000000001 + 2 * n}.commit"
+
+    def turn_of(n: int) -> FileSystemLock:
+        lock = fs_lock(storage, LockHolder(owner=f"writer-{n}"))
+        lock.acquire(timeout=5)
+        lock.note_published(published(n))
+        return lock
+
+    holding = turn_of(1)
+    waiter = fs_lock(storage)
+    noted = waiter.turn()
+    assert noted == 0  # lock1 is held
+
+    # On each of the waiter's tries that finds the lock held, the others take some turns: 2-4, then 5-9
+    # (lock8's holder collects ids 1..4); on the third, the last holder goes.
+    batches = iter([range(2, 5), range(5, 10)])
+
+    def others_take_turns(notes: object) -> None:
+        nonlocal holding
+        batch = next(batches, None)
+        if batch is None:
+            holding.release()
+        for n in batch or ():
+            holding.release()
+            holding = turn_of(n)
+
+    waiter.on_published = others_take_turns
+    waiter.acquire(timeout=10)
+    assert waiter.lock_id == 10
+    collected = {f"lock{i}.{kind}" for i in range(1, 5) for kind in ("acquired", "released")}
+    wait_until(lambda: not collected & set(lock_ids(storage)), "the files of ids 1-4 to go")
+    assert waiter.published_since(noted) == [published(n) for n in range(1, 10)]
+    waiter.release()
 
 
 def test_the_turns_since_a_noted_one_tell_what_they_published(storage: Storage) -> None:

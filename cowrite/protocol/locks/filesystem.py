@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 # Expiring a stale lock or dropping a bogus one is followed by another try without pausing; this bounds
 # how often in a row, so a storage that keeps misbehaving still reaches the retry policy's pauses.
 _IMMEDIATE_RETRIES = 3
-# Lock files a releasing holder leaves behind it (older ones it deletes, see release).
-_KEPT_ON_RELEASE = 16
+# Lock files a releasing holder leaves behind it (older ones it deletes, see release): on an object store
+# every waiter lists them on every try, and the server's time for a listing grows with the names it returns.
+_KEPT_ON_RELEASE = 4
 # The longest pause a waiter takes on an object store, however long holds have lasted.
 _LONGEST_PACE = 1.0
 
@@ -103,7 +104,7 @@ class FileSystemLock(TableLock):
         self._waiting_since = time.monotonic()
         self._first_seen: int | None = None  # the highest id this waiter's first try saw
         self._held_since = 0.0  # time.monotonic() when this object took the lock
-        self._listed: LockFiles | None = None  # the listing that showed this object's lock held
+        self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
 
     @property
@@ -163,6 +164,7 @@ class FileSystemLock(TableLock):
     def turn(self) -> int | None:
         """The id of the last lock released (one listing): lock ids name the turns."""
         files = scan(self.storage)
+        self._notes = dict(files.published)
         if files.is_held(files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
@@ -178,13 +180,15 @@ class FileSystemLock(TableLock):
         return self._take(turn + 1) is _Outcome.ACQUIRED
 
     def published_since(self, turn: int | None) -> list[str] | None:
-        listed, held = self._listed, self._id
-        if turn is None or listed is None or held is None:
+        """From the notes of every listing this object made since :meth:`turn`: a note, made once and never
+        changed, still tells what its turn published after old lock files were collected."""
+        notes, held = self._notes, self._id
+        if turn is None or held is None:
             return None
         between = range(turn + 1, held)
-        if any(lock_id not in listed.published for lock_id in between):
+        if any(lock_id not in notes for lock_id in between):
             return None
-        return [name for lock_id in between if (name := listed.published[lock_id]) != NOTHING]
+        return [name for lock_id in between if (name := notes[lock_id]) != NOTHING]
 
     def note_published(self, published: str | None) -> None:
         if self._id is not None:
@@ -199,7 +203,7 @@ class FileSystemLock(TableLock):
         return hold * max(0.25, 2 - seen / 4)
 
     def _try_acquire(self) -> _Outcome:
-        files = scan(self.storage)
+        files = self._scan()
         current = files.highest
         if self._first_seen is None:
             self._first_seen = current
@@ -223,8 +227,7 @@ class FileSystemLock(TableLock):
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. Only an id that is still the highest counts.
         try:
-            listed = scan(self.storage)
-            higher = listed.highest
+            higher = self._scan().highest
         except BaseException:
             # we may hold it, but cannot tell: give it back rather than leave it to expire
             write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
@@ -237,9 +240,18 @@ class FileSystemLock(TableLock):
                 higher,
             )
             write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
+            # far below the highest, no holder collects it: its files go now, the .acquired first
+            collect = partial(_collect, self.storage, [acquired_path(candidate)], [released_path(candidate)])
+            in_background(self.storage, collect, "collecting a lock taken from a stale view")
             return _Outcome.AGAIN
-        self._id, self._listed, self._held_since = candidate, listed, time.monotonic()
+        self._id, self._held_since = candidate, time.monotonic()
         return _Outcome.ACQUIRED
+
+    def _scan(self) -> LockFiles:
+        """List the lock directory, keeping the notes it shows for :meth:`published_since`."""
+        files = scan(self.storage)
+        self._notes.update(files.published)
+        return files
 
     def _judge(self, files: LockFiles, lock_id: int) -> _Outcome:
         # A holder found alive cannot turn stale before its age reaches the tolerance: until then a waiter
@@ -317,15 +329,13 @@ class FileSystemLock(TableLock):
         # process leaves undone, the daemon collects.
         if lock_id % _KEPT_ON_RELEASE == 0 and lock_id > _KEPT_ON_RELEASE:
             old = range(max(1, lock_id - 2 * _KEPT_ON_RELEASE), lock_id - _KEPT_ON_RELEASE + 1)
-            notes = self._listed.published if self._listed is not None else {}
+            notes = self._notes
             acquired = [acquired_path(i) for i in old]
             released = [released_path(i) for i in old] + [note_path(i, notes[i]) for i in old if i in notes]
-
-            def collect() -> None:
-                self.storage.delete_all(acquired)  # first: a lone .released reads as free
-                self.storage.delete_all(released)
-
-            in_background(self.storage, collect, "collecting old lock files")
+            in_background(
+                self.storage, partial(_collect, self.storage, acquired, released), "collecting old lock files"
+            )
+        self._notes = {}
 
     def check_held(self) -> None:
         lock_id = self._id
@@ -345,3 +355,10 @@ class FileSystemLock(TableLock):
             f"{self.holder.instant or 'none'}) was lost: {how}. Whatever it was doing must not be published; "
             "a writer that lost its lock aborts its instant"
         )
+
+
+def _collect(storage: Storage, acquired: list[str], released: list[str]) -> None:
+    """Delete lock files of turns long over: the ``.acquired`` files first, as a lone ``.released`` reads
+    as free."""
+    storage.delete_all(acquired)
+    storage.delete_all(released)
