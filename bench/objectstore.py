@@ -26,8 +26,10 @@ Per configuration it prints commits/s (commits over the wall time from the commo
 writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by kind;
 and the round trips a write call makes **one after another** (the longest chain of its requests in which
 each starts after the previous one was answered), in the whole call and inside the table lock's critical
-section (from the lock's acquisition to the end of its release). Then the ratio to delta-rs and the
-targets of the object-storage issue. A benchmark, not a test: it exits 0 unless a writer crashed.
+section (from the lock's acquisition to the end of its release). Then the S3 server's own time a commit
+by kind of request (it answers one request at a time, so this bounds commits/s however short the round
+trips), the ratio to delta-rs and the targets of the object-storage issue. A benchmark, not a test: it
+exits 0 unless a writer crashed.
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ class Summary:
     last_call: list[Request]  # writer 0's last write call
     locked: list[int]  # sequential round trips per lock hold
     locked_requests: list[int]  # requests per lock hold
+    server: Counter[str]  # seconds the S3 server spent on the run's requests, by kind
 
     @property
     def rate(self) -> float:
@@ -230,9 +233,10 @@ class Summary:
 
 
 def run(
-    engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy
+    engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy, server: Any
 ) -> Summary:
     target = cowrite_worker if engine == "cowrite" else delta_worker
+    busy_before = server.busy()
     collected = {
         i: (r, w)
         for i, r, w in run_writers(
@@ -244,6 +248,7 @@ def run(
     }
     requests = proxy.requests()
     counts = proxy.reset()
+    busy = server.busy() - busy_before
     merged = WriterResult()
     chains, locked, locked_requests = [], [], []
     for i, (part, windows) in collected.items():
@@ -263,7 +268,7 @@ def run(
     first = [r for r in requests if r.client == f"{engine}0"]
     last_call = inside(first, collected[0][1].calls[-1]) if collected[0][1].calls else []
     return Summary(engine, mode, writers, merged, max(0.0, ended - started), counts, chains, last_call,
-                   locked, locked_requests)
+                   locked, locked_requests, busy)
 
 
 # -- tables ----------------------------------------------------------------------------------------
@@ -362,6 +367,13 @@ def line(s: Summary) -> str:
             f"{s.per_commit:>10.1f}  {kinds}  {_median(s.chains):>18}  {lock:>21}  {errors}")
 
 
+def server_time(s: Summary) -> str:
+    """The server's time a commit, in all and by kind of request, the largest first."""
+    commits = max(1, s.result.commits)
+    kinds = ", ".join(f"{kind} {seconds / commits * 1000:.1f}" for kind, seconds in s.server.most_common())
+    return f"{s.server.total() / commits * 1000:.0f} = {kinds}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delay", type=float, default=0.02, help="seconds each request is held (0.02)")
@@ -389,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             uri = f"s3://{name}/table"
             if engine == "cowrite":  # made directly on the server: the setup's requests are not timed
                 create_cowrite_table(server, uri, mode, writers, history)
-            summary = run(engine, mode, writers, args.commits, uri, proxy)
+            summary = run(engine, mode, writers, args.commits, uri, proxy, server)
             if history:
                 summary.mode = str(history)
             summaries.append(summary)
@@ -408,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                 measure("delta-rs", "disjoint", writers, f"delta-{writers}")
         for history in histories:
             measure("cowrite", "disjoint", max(counts), str(history).replace(" ", "-"), history)
+
+    print("\nthe S3 server's own time a commit, ms (it answers one request at a time):")
+    for s in summaries:
+        print(f"  {s.engine} {s.mode} {s.writers}: {server_time(s)}")
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
     if not args.no_delta and "disjoint" in args.workloads:

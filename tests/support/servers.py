@@ -41,8 +41,9 @@ SLOW = 1.0  # seconds: the S3 server reports a request it spent longer on
 
 
 class _Serialised:
-    """A WSGI app that handles one request at a time, answers ``GET /_listings`` with its counts, and stores
-    the objects of a ``POST /_load`` (:meth:`S3Server.load`).
+    """A WSGI app that handles one request at a time, answers ``GET /_listings`` with its counts and ``GET
+    /_busy`` with the time it spent on requests by kind, and stores the objects of a ``POST /_load``
+    (:meth:`S3Server.load`).
 
     Moto checks ``If-None-Match: *`` and then stores the object as two steps, so two concurrent conditional
     PUTs can both succeed; real S3 decides them atomically. Serialising requests restores the guarantee the
@@ -50,19 +51,22 @@ class _Serialised:
     """
 
     LISTINGS = "/_listings"  # not valid bucket names, so no S3 request can mean them
+    BUSY = "/_busy"
     LOAD = "/_load"
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self._app = app
         self._lock = threading.Lock()
         self.listings: Counter[str] = Counter()  # prefix -> ListObjectsV2 requests
+        self.busy: Counter[str] = Counter()  # kind of request (_kind) -> seconds spent on them
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
-            if environ.get("PATH_INFO") == self.LISTINGS:
+            if environ.get("PATH_INFO") in (self.LISTINGS, self.BUSY):
                 start_response("200 OK", [("Content-Type", "application/json")])
-                return [json.dumps(self.listings).encode()]
+                counts = self.listings if environ["PATH_INFO"] == self.LISTINGS else self.busy
+                return [json.dumps(counts).encode()]
             if environ.get("PATH_INFO") == self.LOAD:
                 _store(json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))))
                 start_response("204 No Content", [])
@@ -78,12 +82,25 @@ class _Serialised:
                 if close is not None:
                     close()
                 took = time.monotonic() - started
+                self.busy[_kind(environ["REQUEST_METHOD"], query)] += took
                 if took > SLOW:  # every other request waited as long: say which one held them up
                     print(
                         f"S3 server: {environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}?"
                         f"{environ.get('QUERY_STRING', '')} took {took:.1f} s",
                         file=sys.stderr,
                     )
+
+
+def _kind(method: str, query: dict[str, list[str]]) -> str:
+    """What a request's time is charged to: its method, and for a listing what it lists — a directory
+    under ``.hoodie/`` or ``_delta_log/``, or else the table's data."""
+    if method != "GET" or "list-type" not in query:
+        return method
+    prefix = query.get("prefix", [""])[0]
+    for metadata in (".hoodie/", "_delta_log/"):
+        if metadata in prefix:
+            return f"LIST {metadata}{prefix.split(metadata, 1)[1]}"
+    return "LIST data"
 
 
 def _store(load: dict[str, Any]) -> None:
@@ -154,6 +171,13 @@ class S3Server:
 
     def _listings(self) -> Counter[str]:
         with urllib.request.urlopen(self.endpoint_url + _Serialised.LISTINGS, timeout=30) as response:
+            return Counter(json.load(response))
+
+    def busy(self) -> Counter[str]:
+        """Seconds the server spent answering requests so far, by kind: the method, and for a listing
+        ``LIST <directory under .hoodie/ or _delta_log/>`` or ``LIST data``. It answers one request at a
+        time, so this is how much of its time each kind took."""
+        with urllib.request.urlopen(self.endpoint_url + _Serialised.BUSY, timeout=30) as response:
             return Counter(json.load(response))
 
     def listings(self, prefix: str) -> int:
