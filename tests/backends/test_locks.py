@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from support import ROOT, lock_worker
+from support import ROOT, lock_worker, wait_until
 from support.servers import ZooKeeperServer
 
 from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
@@ -228,14 +228,6 @@ def test_release_is_safe_twice_and_when_not_held(
 
 
 # -- the filesystem lock ---------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def lock_ids(storage: Storage) -> list[str]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 from hudi import HudiTableBuilder
 from kazoo.client import KazooClient
-from support import TESTS, writer_process
+from support import TESTS, wait_until, writer_process
 from support.servers import S3Server, ZooKeeperServer
 
 from cowrite.format import config as keys
@@ -204,14 +204,6 @@ def expected_rows(groups: list[dict[str, Any]], instant: str) -> Rows:
 
 
 # -- writer processes ------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 @dataclass

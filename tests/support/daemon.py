@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +34,7 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.lock_files import read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
-from support import TESTS
+from support import TESTS, wait_until
 
 from . import hudi_rs, writer_process
 
@@ -132,15 +132,6 @@ def data_files(table: Table) -> set[str]:
 
 
 # -- waiting and daemons -----------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-    return result
 
 
 @contextmanager
