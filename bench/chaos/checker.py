@@ -129,6 +129,8 @@ class Checker:
         self.life: dict[str, list[float]] = defaultdict(list)
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
         self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
+        # time -> when a writer failed to delete a claim of it (a withdrawn claim left behind)
+        self.left_behind: dict[str, list[float]] = defaultdict(list)
         self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
 
     def fail(self, invariant: str, message: str) -> None:
@@ -184,6 +186,8 @@ class Checker:
                         self.stats.stops += 1
                 elif kind == "storage-fault":
                     self.stats.storage_faults += 1
+                    if event["kind"] == "delete-fail" and (claimed := _claim_in(event["path"])) is not None:
+                        self.left_behind[claimed].append(event["wall"])
         for fault in self.o.harness:
             if fault["kind"] == "kill":
                 self.stats.kills += 1
@@ -573,7 +577,8 @@ class Checker:
 
     def check_rollbacks(self, evidence: Evidence) -> None:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
-        instant once (unless its writer resumed and wrote ``.inflight`` again after the rollback), only
+        instant once (unless it came back after the rollback: its writer resumed and wrote ``.inflight``
+        again, or a writer claimed its time again and could not withdraw that claim), only
         its own files; a second run changes nothing. Instants are told apart by time and action: two
         claimants of one time that both failed to withdraw leave two claims, each rolled back once."""
         targets: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
@@ -624,7 +629,10 @@ class Checker:
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
         for (target, _), rollbacks in targets.items():
-            came_back = any(t > first_done.get(target, float("inf")) for t in self.planned[target])
+            # the instant came back after its first rollback: its writer wrote .inflight again, or a writer
+            # claimed its time again (a claim from a stale floor) and could not withdraw that claim
+            returns = [*self.planned[target], *self.left_behind[target]]
+            came_back = any(t > first_done.get(target, float("inf")) for t in returns)
             if len(rollbacks) > 1 and not came_back:
                 by = ", ".join(sorted(rollbacks))
                 self.fail("6", f"instant {target} was rolled back {len(rollbacks)} times: by {by}")
@@ -773,3 +781,15 @@ def _out_of_order(
         if before:
             found.append((max(before, key=key), later))
     return found
+
+
+def _claim_in(path: str) -> str | None:
+    """The time of the claim ``path`` names (a ``.requested`` file of the timeline), else None."""
+    directory, _, name = path.rpartition("/")
+    if directory != TIMELINE_DIR:
+        return None
+    try:
+        instant = Instant.parse(name)
+    except InvalidInstantError:
+        return None
+    return instant.requested_time if instant.state is State.REQUESTED else None

@@ -609,6 +609,33 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
         assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
 
 
+def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_again(table: Table) -> None:
+    """A writer that picked its time from an old listing claimed the time of an instant already rolled
+    back (its files gone, the create succeeded), found later instants, and could not delete the claim
+    (soak 17, seed 887660, scenario 7). The claim left behind is rolled back in turn, which the checker
+    took for one instant rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    dead = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
+    assert dead.heartbeat is not None and dead.instant is not None
+    dead.heartbeat.stop(delete=False)
+    later = time.time() + 10 * POLICY.tolerance
+    [first] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    claim = table.instant_path(dead.instant)
+    assert first.target == dead.instant_time and not table.storage.exists(claim)
+    assert table.storage.create_if_absent(claim, b"")  # claimed again: its time looked free
+    left = {"event": "storage-fault", "kind": "delete-fail", "path": claim, "wall": time.time()}
+    [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert second.target == dead.instant_time and not table.storage.exists(claim)
+    assert not table.timeline().pending()
+    # the checker allows the second rollback only because the time was claimed again and left behind
+    by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
+    twice = f"instant {dead.instant_time} was rolled back 2 times: by {by}"
+    for events, reported in (({}, [twice]), ({0: [left]}, [])):
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
+        violations, _ = Checker(outcome).check()
+        assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
+
+
 def test_two_claims_of_one_time_rolled_back_once_each_are_not_a_double_rollback(table: Table) -> None:
     """Two writers of different actions claimed one time and neither could withdraw (soak seed 768589,
     scenarios 1 and 4): each leftover claim is rolled back once, which the checker took for one instant
