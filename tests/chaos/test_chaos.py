@@ -18,6 +18,7 @@ from dataclasses import replace
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -27,7 +28,7 @@ from support import ROOT
 from support.tables import new_table, rows
 
 from cowrite.cleaner import Cleaned, archive, clean, rollback_failed, service_lock
-from cowrite.cleaner.rollback import _finish, _start, remove_withdrawn_claims
+from cowrite.cleaner.rollback import RolledBack, _finish, _start, remove_withdrawn_claims
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
@@ -601,12 +602,7 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
     assert not table.timeline().pending()
     assert [r["value"] for r in read.snapshot(table).to_pylist()] == ["v"]
     # the checker allows the second rollback only because the writer came back
-    by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
-    twice = f"instant {zombie.instant_time} was rolled back 2 times: by {by}"
-    for events, reported in (({}, [twice]), ({0: [came_back]}, [])):
-        outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
-        violations, _ = Checker(outcome).check()
-        assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
+    assert_second_rollback_allowed_only_after(table, seeded, [first, second], came_back)
 
 
 def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_again(table: Table) -> None:
@@ -628,9 +624,18 @@ def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_
     assert second.target == dead.instant_time and not table.storage.exists(claim)
     assert not table.timeline().pending()
     # the checker allows the second rollback only because the time was claimed again and left behind
-    by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
-    twice = f"instant {dead.instant_time} was rolled back 2 times: by {by}"
-    for events, reported in (({}, [twice]), ({0: [left]}, [])):
+    assert_second_rollback_allowed_only_after(table, seeded, [first, second], left)
+
+
+def assert_second_rollback_allowed_only_after(
+    table: Table, seeded: Instant, rollbacks: list[RolledBack], came_back: dict[str, Any]
+) -> None:
+    """The checker reports the target of ``rollbacks`` (two) as rolled back twice, unless a writer's
+    events hold ``came_back``."""
+    target = rollbacks[0].target
+    by = ", ".join(r.rollback.requested_time for r in rollbacks)
+    twice = f"instant {target} was rolled back 2 times: by {by}"
+    for events, reported in (({}, [twice]), ({0: [came_back]}, [])):
         outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
         violations, _ = Checker(outcome).check()
         assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported

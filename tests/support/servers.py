@@ -63,9 +63,9 @@ class _Serialised:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
-            if environ.get("PATH_INFO") in (self.LISTINGS, self.BUSY):
+            counts = {self.LISTINGS: self.listings, self.BUSY: self.busy}.get(environ.get("PATH_INFO", ""))
+            if counts is not None:
                 start_response("200 OK", [("Content-Type", "application/json")])
-                counts = self.listings if environ["PATH_INFO"] == self.LISTINGS else self.busy
                 return [json.dumps(counts).encode()]
             if environ.get("PATH_INFO") == self.LOAD:
                 _store(json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))))
@@ -169,16 +169,18 @@ class S3Server:
     ) -> None:
         self.stop()
 
-    def _listings(self) -> Counter[str]:
-        with urllib.request.urlopen(self.endpoint_url + _Serialised.LISTINGS, timeout=30) as response:
+    def _counts(self, path: str) -> Counter[str]:
+        with urllib.request.urlopen(self.endpoint_url + path, timeout=30) as response:
             return Counter(json.load(response))
+
+    def _listings(self) -> Counter[str]:
+        return self._counts(_Serialised.LISTINGS)
 
     def busy(self) -> Counter[str]:
         """Seconds the server spent answering requests so far, by kind: the method, and for a listing
         ``LIST <directory under .hoodie/ or _delta_log/>`` or ``LIST data``. It answers one request at a
         time, so this is how much of its time each kind took."""
-        with urllib.request.urlopen(self.endpoint_url + _Serialised.BUSY, timeout=30) as response:
-            return Counter(json.load(response))
+        return self._counts(_Serialised.BUSY)
 
     def listings(self, prefix: str) -> int:
         """ListObjectsV2 requests so far for keys starting with ``prefix`` (a bucket-relative path)."""
