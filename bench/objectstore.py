@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
-from bench.proxy import DelayingProxy, Request
+from bench.proxy import DelayingProxy, Request, sequential
 
 BUCKET = "cowrite-bench"
 SECRET = "cowrite-bench-secret"
@@ -185,16 +185,6 @@ def delta_worker(
 
 
 # -- round trips -----------------------------------------------------------------------------------
-
-
-def sequential(requests: list[Request]) -> int:
-    """The longest chain of ``requests`` in which each began after the previous one was answered."""
-    ordered = sorted(requests, key=lambda r: r.began)
-    chain: list[int] = []
-    for i, request in enumerate(ordered):
-        before = [chain[j] for j in range(i) if ordered[j].ended <= request.began]
-        chain.append(1 + max(before, default=0))
-    return max(chain, default=0)
 
 
 def inside(requests: list[Request], window: tuple[float, float]) -> list[Request]:

@@ -69,6 +69,16 @@ class Request:
     ended: float  # time.time() once answered
 
 
+def sequential(requests: list[Request]) -> int:
+    """The longest chain of ``requests`` in which each began after the previous one was answered."""
+    ordered = sorted(requests, key=lambda r: r.began)
+    chain: list[int] = []
+    for i, request in enumerate(ordered):
+        before = [chain[j] for j in range(i) if ordered[j].ended <= request.began]
+        chain.append(1 + max(before, default=0))
+    return max(chain, default=0)
+
+
 def kind(method: str, query: str) -> str:
     """The kind a request is counted as: its method, or ``LIST`` for a GET of a bucket listing."""
     if method == "GET" and ("list-type" in query or "delimiter" in query or "prefix=" in query):

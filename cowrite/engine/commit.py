@@ -22,14 +22,16 @@ def write_instant(
     action: Action,
     options: WriteOptions,
     write: Callable[[Transaction], CommitMetadata],
+    alongside: Callable[[], object] | None = None,
 ) -> Instant:
     """Begin a transaction, let ``write`` write its base files and return their commit metadata, then
     :func:`complete` it.
 
     Whatever ``write`` raises aborts the transaction (its planned files are deleted, its heartbeat marks
     it failed for the rollback) and propagates; so do :meth:`Transaction.begin`'s and the commit's errors.
+    ``alongside``: requests made beside the claim (see :meth:`Transaction.begin`).
     """
-    transaction = Transaction.begin(table, operation, action, options)
+    transaction = Transaction.begin(table, operation, action, options, alongside)
     try:
         metadata = write(transaction)
     except BaseException as exc:

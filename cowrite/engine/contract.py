@@ -53,7 +53,11 @@ def latest_schema(table: Table, timeline: Timeline) -> str:
 
 def current_schema(table: Table, timeline: Timeline | None = None) -> pa.Schema | None:
     """The table's schema (see the module's docstring) as Arrow; None for an empty table without one."""
-    recorded = latest_schema(table, timeline or table.timeline())
+    return schema_of(table, latest_schema(table, timeline or table.timeline()))
+
+
+def schema_of(table: Table, recorded: str) -> pa.Schema | None:
+    """A schema ``table`` recorded (Avro JSON, "" for none) as Arrow; None for none."""
     return arrow_schema(recorded, f"the schema of table {table.name}") if recorded else None
 
 

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import IO
 
 from cowrite.errors import BaseFileGoneError, TimeTravelCleanedError
@@ -28,6 +29,7 @@ from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.storage.backend import FileInfo, Storage, stays_inside
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class FileSystemView:
         partitions: Iterable[str] | None = None,
         *,
         for_write: bool = False,
+        early: EarlyListing | None = None,
     ) -> FileSystemView:
         """The view of ``timeline`` (default: the timeline listed now), from a listing of base files taken
         after it.
@@ -97,7 +100,8 @@ class FileSystemView:
         commits whose files it shows as latest, concurrently: a write fails when it would build on a commit
         nobody can parse, and what it reads does not grow with the table's history. A file a caller's
         ``timeline`` showed that was archived since raises :class:`InstantGoneError`; the timeline listed
-        here is listed once more instead (:meth:`Table.read_timeline`).
+        here is listed once more instead (:meth:`Table.read_timeline`). ``early``, the same partitions
+        listed before ``timeline``, replaces the listing when it holds every file the view can show.
         """
         if timeline is None:
             wanted = None if partitions is None else tuple(partitions)  # may be read twice
@@ -118,8 +122,12 @@ class FileSystemView:
                 return False
             return f.instant_time in visible_times or (first is not None and f.instant_time < first)
 
+        if early is None or not early.holds(timeline, partitions):
+            listed = list_base_files(table, partitions)
+        else:
+            listed = early.files
         by_group: dict[tuple[str, str], list[BaseFile]] = {}
-        for base_file in list_base_files(table, partitions):
+        for base_file in listed:
             key = (base_file.partition, base_file.file_id)
             if key not in replaced and visible(base_file):
                 by_group.setdefault(key, []).append(base_file)
@@ -177,8 +185,35 @@ def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> li
     if partitions is None:
         listed = table.storage.walk_files("", skip=(".hoodie",))
     else:
-        listed = [i for p in partitions for i in table.storage.list(p)]
+        calls = [partial(table.storage.list, p) for p in partitions]
+        listed = [i for found in together(table.storage, calls) for i in found]
     return [b for b in (BaseFile.parse(i) for i in listed) if b is not None]
+
+
+@dataclass(frozen=True)
+class EarlyListing:
+    """Base files of some partitions, listed before the timeline a write's view is built on: beside its
+    claim, a round trip earlier. A base file is written before its commit completes, so the listing holds
+    the files of every commit completed before it began — those this process knew of then (:meth:`take`).
+    A view of a timeline on which only such commits are completed needs no other listing (:meth:`holds`).
+    ``known``: the requested times of commits known completed before the listing began
+    (:meth:`Table.known_completed`, taken before).
+    """
+
+    partitions: tuple[str, ...]
+    known: frozenset[str]
+    files: list[BaseFile]
+
+    @classmethod
+    def take(cls, table: Table, partitions: Iterable[str], known: frozenset[str]) -> EarlyListing:
+        wanted = tuple(partitions)
+        return cls(wanted, known, list_base_files(table, wanted))
+
+    def holds(self, timeline: Timeline, partitions: Iterable[str] | None) -> bool:
+        """Whether this listing holds every file a view of ``partitions`` as of ``timeline`` can show:
+        the same partitions, and no commit on ``timeline`` completed that this process learnt of later."""
+        same = partitions is not None and tuple(partitions) == self.partitions
+        return same and timeline.data_commits().completed_times <= self.known
 
 
 def replaced_file_groups(table: Table, commits: Iterable[Instant]) -> set[tuple[str, str]]:

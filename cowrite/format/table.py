@@ -251,6 +251,14 @@ class Table:
             while len(_published) > _PUBLISHED_KEPT:
                 del _published[next(iter(_published))]
 
+    def known_completed(self) -> frozenset[str]:
+        """Requested times of the instants this process knows are completed: on the last timeline it listed,
+        or published by itself since (the last few). Each was completed before this call."""
+        with _published_lock:
+            own = [path for storage, path in _published if storage is self.storage]
+        published = {Instant.parse(path.rsplit("/", 1)[-1]).requested_time for path in own}
+        return Timeline.last_listed(self.storage).completed_times | published
+
     def verified(self, timeline: Timeline) -> Timeline:
         """``timeline``, once every completed commit and replacecommit on it has been parsed.
 

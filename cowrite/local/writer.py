@@ -5,13 +5,14 @@ semantics are every engine's (:mod:`cowrite.engine.operations`).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import cached_property, partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cowrite.engine.commit import write_instant
-from cowrite.engine.contract import commit_schema, current_schema
+from cowrite.engine.contract import commit_schema, latest_schema, schema_of
 from cowrite.engine.file_group import RecentFiles, write_file_group
 from cowrite.engine.operations import Operation, prepare
 from cowrite.engine.planning import (
@@ -25,16 +26,18 @@ from cowrite.engine.planning import (
     to_work,
 )
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
-from cowrite.errors import TxnAlreadyCommittedError
+from cowrite.errors import CowriteError, InstantGoneError, TxnAlreadyCommittedError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
-from cowrite.format.fs_view import FileSystemView
+from cowrite.format.fs_view import EarlyListing, FileSystemView
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
 from cowrite.protocol.transaction import Transaction, WriteOptions, retry_on_conflict
 from cowrite.protocol.txn import committing_instant
 from cowrite.steps import Step, reached
+from cowrite.storage.together import beside
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class LocalWriter:
         self.table = table
         self.options = options or WriteOptions(config=table.config)
         self._recent = RecentFiles()
+        self._list_early = True  # whether the next write lists its partitions beside its claim
         self.records = 0  # records of the last write, after deduplication where the operation merges
         self.refused: TxnAlreadyCommittedError | None = None  # why the last write committed nothing
 
@@ -78,10 +82,10 @@ class LocalWriter:
         """
         operation = Operation(operation)
         self.refused = None
-        prepared = prepare(self.table, data, operation, source, current_schema(self.table))
-        self.records = prepared.num_rows
+        held = _Input.held(self.table, data, operation, source)
+        self.records = held.prepared.num_rows
         try:
-            return retry_on_conflict(self.options.config, lambda: self._write_once(prepared, operation))
+            return retry_on_conflict(self.options.config, lambda: self._write_once(held))
         except TxnAlreadyCommittedError as exc:
             log.info("nothing written: %s", exc)
             self.refused = exc
@@ -89,22 +93,40 @@ class LocalWriter:
             return committing_instant(self.table, exc)
 
     # -- one instant -----------------------------------------------------------------------------
-    def _write_once(self, incoming: pa.Table, operation: Operation) -> Instant:
+    def _write_once(self, held: _Input) -> Instant:
+        known, early = self.table.known_completed(), []
+
+        def list_early() -> None:  # beside the claim; a failure only costs the listing after it
+            try:
+                early.append(EarlyListing.take(self.table, held.partitions or (), known))
+            except CowriteError as exc:
+                log.info("listing %s before the timeline failed: %s", held.partitions, exc)
+
+        def write(transaction: Transaction) -> CommitMetadata:
+            # Listing early serves when nobody else completed a commit since this process last looked
+            # (a lone writer): else it is listed again, and the next write does not list early.
+            self._list_early = transaction.begin_timeline.data_commits().completed_times <= known
+            return self._write_files(transaction, held, early[0] if early else None)
+
+        alongside = list_early if self._list_early and held.partitions is not None else None
         return write_instant(
-            self.table, operation.value, operation.action, self.options,
-            lambda transaction: self._write_files(transaction, incoming, operation),
+            self.table, held.operation.value, held.operation.action, self.options, write, alongside=alongside
         )
 
     def _write_files(
-        self, transaction: Transaction, incoming: pa.Table, operation: Operation
+        self, transaction: Transaction, held: _Input, early: EarlyListing | None
     ) -> CommitMetadata:
-        table, instant = self.table, transaction.instant_time
-        known_partitions = [
-            p for p in pc.unique(incoming.column(PARTITION_PATH)).to_pylist() if p is not None
-        ]
-        lookup_all = operation is Operation.DELETE and incoming.column(PARTITION_PATH).null_count > 0
-        partitions = None if lookup_all else known_partitions
-        view = FileSystemView.build(table, transaction.begin_timeline, partitions=partitions, for_write=True)
+        table, instant, operation = self.table, transaction.instant_time, held.operation
+        views: list[FileSystemView] = []
+        build = partial(
+            FileSystemView.build, table, transaction.begin_timeline,
+            partitions=held.partitions, for_write=True, early=early,
+        )
+        # the files are listed beside reading the schema as of begin: one round trip for both
+        hold = partial(held.at, table, transaction.begin_timeline)
+        held = beside(table.storage, hold, lambda: views.append(build()))
+        view, incoming, lookup_all = views[0], held.prepared, held.lookup_all
+        known_partitions = held.named_partitions
         replaced: dict[str, tuple[str, ...]] = {}
         if operation is Operation.INSERT_OVERWRITE:
             replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in known_partitions}
@@ -172,4 +194,51 @@ class LocalWriter:
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
+
+
+@dataclass
+class _Input:
+    """One write's input, held to the table's schema ``schema`` (Avro JSON, "" for none)."""
+
+    data: pa.Table
+    operation: Operation
+    source: str
+    schema: str
+    prepared: pa.Table
+
+    @cached_property
+    def named_partitions(self) -> list[str]:
+        return [p for p in pc.unique(self.prepared.column(PARTITION_PATH)).to_pylist() if p is not None]
+
+    @property
+    def lookup_all(self) -> bool:
+        """Whether it is a delete that leaves some partitions to the key: every partition is looked up."""
+        return self.operation is Operation.DELETE and self.prepared.column(PARTITION_PATH).null_count > 0
+
+    @property
+    def partitions(self) -> list[str] | None:
+        """The partitions the write looks at; None for all."""
+        return None if self.lookup_all else self.named_partitions
+
+    @classmethod
+    def held(cls, table: Table, data: pa.Table, operation: Operation, source: str) -> _Input:
+        """``data`` held to the schema of the last timeline this process listed (or of one listed now):
+        bad input is refused before anything is written, without a listing on every write. Nothing rests
+        on that timeline: the write holds the input again to the timeline it begins on (:meth:`at`)."""
+        try:
+            schema = latest_schema(table, Timeline.last_listed(table.storage) or table.timeline())
+        except InstantGoneError:  # its newest commit was archived since: list afresh
+            schema = latest_schema(table, table.timeline())
+        prepared = prepare(table, data, operation, source, schema_of(table, schema))
+        return cls(data, operation, source, schema, prepared)
+
+    def at(self, table: Table, begun: Timeline) -> _Input:
+        """This input held to ``table``'s schema as of ``begun``: itself, unless another writer changed the
+        schema since; raises :class:`SchemaError` when the input no longer fits (the write then aborts)."""
+        schema = latest_schema(table, begun)
+        if schema == self.schema:
+            return self
+        prepared = prepare(table, self.data, self.operation, self.source, schema_of(table, schema))
+        return replace(self, schema=schema, prepared=prepared)
+
 

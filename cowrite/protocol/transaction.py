@@ -135,20 +135,28 @@ class Transaction:
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
     def begin(
-        cls, table: Table, operation: str, action: Action = Action.COMMIT, options: WriteOptions | None = None
+        cls,
+        table: Table,
+        operation: str,
+        action: Action = Action.COMMIT,
+        options: WriteOptions | None = None,
+        alongside: Callable[[], object] | None = None,
     ) -> Transaction:
+        """Claim an instant and list the timeline the write begins on. ``alongside``: requests the writer
+        makes beside the claim (one round trip for all on an object store); it must not raise."""
         transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
-        transaction._begin()
+        transaction._begin(alongside)
         return transaction
 
-    def _begin(self) -> None:
+    def _begin(self, alongside: Callable[[], object] | None) -> None:
         # No lock: the claim is a test-and-set, and the timeline the write begins on is listed after it
         # (Table.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
         # instant is judged by its .requested file, written after that claim's create began, so a writer
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
+        meanwhile = partial(beside, self.table.storage, self.turns.note, alongside)
         requested, timeline, claimed_at = self.table.begin_instant(
-            self.action, int(self.options.clock() * 1000), meanwhile=self.turns.note
+            self.action, int(self.options.clock() * 1000), meanwhile=meanwhile
         )
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import pytest
 from support import hudi_rs
 from support.hudi_rs import rows as as_rows
-from support.request_counts import ProxyProcess, Request, what
+from support.request_counts import ProxyProcess, Request, sequential, what
 from support.servers import S3Server
 from support.tables import new_table, rows
 
@@ -25,6 +25,7 @@ from cowrite import process
 from cowrite.cleaner import service_lock
 from cowrite.errors import WriteConflictError
 from cowrite.format import config as keys
+from cowrite.format.fs_view import EarlyListing
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.local import read
@@ -112,6 +113,66 @@ def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
     flight together, which an undelayed proxy may answer one before the other has left."""
     with ProxyProcess(s3_server.endpoint_url, delay=0.05) as running:
         yield running
+
+
+def test_a_lone_writer_commits_in_eight_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
+    """A process's next upsert, nobody else writing: no listing before its claim (its input is held to the
+    schema of the timeline it listed last time), its partition listed beside the claim and the lock's
+    turn, then the timeline, the plan, the file, and the lock's four."""
+    writer = LocalWriter(through(table, slow_proxy, "alone"))
+    writer.upsert(rows(["a"], ts=2, value="first"))
+    slow_proxy.reset()
+    writer.upsert(rows(["b"], ts=2, value="second"))
+    mine = [r for r in slow_proxy.reset() if r.client == "alone"]
+    first = [what(r) for r in mine if r.began < min(r.ended for r in mine)]
+    assert sorted(first) == [("LIST", "locks"), ("LIST", "p0"), ("PUT", "timeline")]
+    assert sequential(mine) == 8
+    assert Counter(what(r) for r in mine) == {
+        ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("LIST", "p0"): 1, ("PUT", "p0"): 1,
+        ("PUT", "locks"): 3, ("LIST", "locks"): 2,
+    }  # fmt: skip
+    expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
+                {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+def test_a_listing_beside_the_claim_that_missed_a_commit_is_made_again(
+    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rival's commit completes between the partition listing a writer made beside its claim and the
+    timeline it lists after: the timeline shows the commit, the listing lacks its file. The writer lists
+    the partition again and builds on that file — built on the listing, it would drop the rival's key.
+    Its next write, since another writer is about, lists after the timeline only."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["z"], part="p9"))
+    take = EarlyListing.take
+    done: list[Instant | None] = []
+
+    def take_then_rival_commits(*args: Any) -> EarlyListing:
+        listing = take(*args)
+        if not done:  # the rival lists beside its claim too
+            done.append(None)
+            done[0] = rival.upsert(rows(["k", "r"], ts=1, value="rival"))  # into p0's one file group
+        return listing
+
+    monkeypatch.setattr(EarlyListing, "take", take_then_rival_commits)
+    proxy.reset()
+    writer.upsert(rows(["k", "c"], ts=2, value="writer"))
+    assert done[0] is not None
+    expected = [{"id": "a", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "k", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "r", "part": "p0", "ts": 1, "value": "rival"},
+                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+    assert len([r for r in proxy.reset() if r.client == "writer" and what(r) == ("LIST", "p0")]) == 2
+    writer.upsert(rows(["d"], ts=2, value="writer"))
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    [timeline] = [r for r in mine if what(r) == ("LIST", "timeline")]
+    [partition] = [r for r in mine if what(r) == ("LIST", "p0")]
+    assert partition.began >= timeline.ended
 
 
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import hudi_rs
+from support import TESTS, hudi_rs
 from support.servers import S3Server
 
 from cowrite.errors import SchemaError
@@ -253,3 +253,35 @@ def test_the_local_writer_applies_the_rules_to_arrow_tables(tmp_path: Path) -> N
             pa.table({"id": pa.array([3], pa.int32()), "ts": pa.array([1], pa.int32()), "f": ["x"]})
         )
     assert len(list(table.timeline())) == 2
+
+
+def test_a_writer_holds_its_input_to_a_type_another_process_widened_since_it_last_looked(
+    tmp_path: Path,
+) -> None:
+    """A writer holds its input first to the schema of the timeline its process listed last (no listing
+    before its claim). Another process widened a column since: the write holds the input again to the
+    schema it begins on, so the new file group it writes holds the wider type, as the table's schema
+    says, and not the narrower one its input came with."""
+    table = Table.create(
+        str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["part"],
+        ordering_fields=["ts"],
+    )  # fmt: skip
+    writer = LocalWriter(table)
+    writer.insert(pa.table({"id": [1], "part": ["a"], "ts": [1], "n": pa.array([1], pa.int32())}))
+    wider = tmp_path / "wider.parquet"
+    pq.write_table(pa.table({"id": [2], "part": ["a"], "ts": [1], "n": pa.array([2**40], pa.int64())}), wider)
+    subprocess.run(
+        [sys.executable, "-m", "support.writer_process", table.uri, "--operation", "insert",
+         "--batch-file", str(wider)],
+        cwd=TESTS, check=True, capture_output=True,
+    )  # fmt: skip
+    mine = writer.upsert(pa.table({"id": [3], "part": ["b"], "ts": [1], "n": pa.array([3], pa.int32())}))
+    assert mine is not None
+    suffix = f"_{mine.requested_time}.parquet"
+    [written] = [f.path for f in table.storage.walk_files() if f.name.endswith(suffix)]
+    assert written.startswith("b/")
+    assert pq.read_schema(table.storage.full_path(written)).field("n").type == pa.int64()
+    expected = [{"id": 1, "part": "a", "ts": 1, "n": 1}, {"id": 2, "part": "a", "ts": 1, "n": 2**40},
+                {"id": 3, "part": "b", "ts": 1, "n": 3}]  # fmt: skip
+    assert sorted(read.snapshot(table).to_pylist(), key=lambda r: r["id"]) == expected
+    assert sorted(hudi_rs.snapshot(table.uri), key=lambda r: r["id"]) == expected

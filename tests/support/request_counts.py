@@ -10,9 +10,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from support import ROOT
 
 sys.path.insert(0, str(ROOT))
-from bench.proxy import ProxyProcess, Request  # noqa: E402
+from bench.proxy import ProxyProcess, Request, sequential  # noqa: E402
 
-__all__ = ["ProxyProcess", "Request", "what"]
+__all__ = ["ProxyProcess", "Request", "sequential", "what"]
 
 
 def what(request: Request) -> tuple[str, str]:
