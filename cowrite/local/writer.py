@@ -82,7 +82,7 @@ class LocalWriter:
         """
         operation = Operation(operation)
         self.refused = None
-        held = _Input.held(self.table, data, operation, source)
+        held = HeldInput.of(self.table, data, operation, source)
         self.records = held.prepared.num_rows
         try:
             return retry_on_conflict(self.options.config, lambda: self._write_once(held))
@@ -93,7 +93,7 @@ class LocalWriter:
             return committing_instant(self.table, exc)
 
     # -- one instant -----------------------------------------------------------------------------
-    def _write_once(self, held: _Input) -> Instant:
+    def _write_once(self, held: HeldInput) -> Instant:
         known, early = self.table.known_completed(), []
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
@@ -114,7 +114,7 @@ class LocalWriter:
         )
 
     def _write_files(
-        self, transaction: Transaction, held: _Input, early: EarlyListing | None
+        self, transaction: Transaction, held: HeldInput, early: EarlyListing | None = None
     ) -> CommitMetadata:
         table, instant, operation = self.table, transaction.instant_time, held.operation
         views: list[FileSystemView] = []
@@ -197,7 +197,7 @@ class LocalWriter:
 
 
 @dataclass
-class _Input:
+class HeldInput:
     """One write's input, held to the table's schema ``schema`` (Avro JSON, "" for none)."""
 
     data: pa.Table
@@ -221,7 +221,7 @@ class _Input:
         return None if self.lookup_all else self.named_partitions
 
     @classmethod
-    def held(cls, table: Table, data: pa.Table, operation: Operation, source: str) -> _Input:
+    def of(cls, table: Table, data: pa.Table, operation: Operation, source: str = "input") -> HeldInput:
         """``data`` held to the schema of the last timeline this process listed (or of one listed now):
         bad input is refused before anything is written, without a listing on every write. Nothing rests
         on that timeline: the write holds the input again to the timeline it begins on (:meth:`at`)."""
@@ -232,7 +232,7 @@ class _Input:
         prepared = prepare(table, data, operation, source, schema_of(table, schema))
         return cls(data, operation, source, schema, prepared)
 
-    def at(self, table: Table, begun: Timeline) -> _Input:
+    def at(self, table: Table, begun: Timeline) -> HeldInput:
         """This input held to ``table``'s schema as of ``begun``: itself, unless another writer changed the
         schema since; raises :class:`SchemaError` when the input no longer fits (the write then aborts)."""
         schema = latest_schema(table, begun)

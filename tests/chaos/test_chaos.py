@@ -32,8 +32,7 @@ from cowrite.cleaner.rollback import RolledBack, _finish, _start, remove_withdra
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
-from cowrite.engine.contract import current_schema
-from cowrite.engine.operations import Operation, prepare
+from cowrite.engine.operations import Operation
 from cowrite.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
@@ -41,7 +40,7 @@ from cowrite.format.instant import Action, Instant, State, from_millis
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local import read
-from cowrite.local.writer import LocalWriter
+from cowrite.local.writer import HeldInput, LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.lock_files import acquired_path, expire_lock
@@ -151,9 +150,9 @@ def staged(
 ) -> tuple[Transaction, object]:
     """A write that began and wrote its files, not committed yet: (transaction, its commit metadata)."""
     writer = LocalWriter(table, options)
-    prepared = prepare(table, data, operation, "input", current_schema(table))
+    held = HeldInput.of(table, data, operation)
     transaction = Transaction.begin(table, operation.value, operation.action, writer.options)
-    return transaction, writer._write_files(transaction, prepared, operation)
+    return transaction, writer._write_files(transaction, held)
 
 
 def test_archival_keeps_a_commit_a_pending_writer_has_not_seen(table: Table) -> None:
@@ -195,9 +194,7 @@ def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> N
     write; Hudi keeps the earliest commit to retain below the earliest pending one)."""
     writer = LocalWriter(table)
     versions = [writer.insert(rows(["a", "b"])), writer.upsert(rows(["a"], ts=2))]
-    prepared = prepare(
-        table, rows(["b"], ts=5, value="late"), Operation.UPSERT, "input", current_schema(writer.table)
-    )
+    held = HeldInput.of(table, rows(["b"], ts=5, value="late"), Operation.UPSERT)
     time.sleep(0.02)  # modification times tick by milliseconds, and a tie with the claim counts as unseen
     late = Transaction.begin(table, "upsert", Action.COMMIT, writer.options)
     versions += [writer.upsert(rows(["a"], ts=3)), writer.upsert(rows(["a"], ts=4))]
@@ -209,7 +206,7 @@ def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> N
 
     # only the version superseded before the late writer began may go
     assert files_of(clean(table, service_lock(table), 1)) == [versions[0].requested_time]
-    metadata = writer._write_files(late, prepared, Operation.UPSERT)  # reads the slice it saw
+    metadata = writer._write_files(late, held)  # reads the slice it saw
     with pytest.raises(WriteConflictError):
         late.commit(metadata)
     rollback_failed(table, service_lock(table), POLICY)
