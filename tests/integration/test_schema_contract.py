@@ -22,6 +22,7 @@ from support import TESTS, hudi_rs
 from support.servers import S3Server
 
 from cowrite.errors import SchemaError
+from cowrite.format.instant import State
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
@@ -283,5 +284,32 @@ def test_a_writer_holds_its_input_to_a_type_another_process_widened_since_it_las
     assert pq.read_schema(table.storage.full_path(written)).field("n").type == pa.int64()
     expected = [{"id": 1, "part": "a", "ts": 1, "n": 1}, {"id": 2, "part": "a", "ts": 1, "n": 2**40},
                 {"id": 3, "part": "b", "ts": 1, "n": 3}]  # fmt: skip
+    assert sorted(read.snapshot(table).to_pylist(), key=lambda r: r["id"]) == expected
+    assert sorted(hudi_rs.snapshot(table.uri), key=lambda r: r["id"]) == expected
+
+
+def test_an_input_that_no_longer_fits_the_schema_it_begins_on_is_refused_with_nothing_written(
+    tmp_path: Path,
+) -> None:
+    """The input fits the schema this process saw last (a new string column), but another process added
+    that column as a long since: the write is refused with the column named, writes no base file, and
+    leaves its claim to the lazy rollback; both readers read the table as the other process left it."""
+    table = Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], ordering_fields=["ts"])
+    writer = LocalWriter(table)
+    writer.insert(pa.table({"id": [1], "ts": [1]}))
+    added = tmp_path / "added.parquet"
+    pq.write_table(pa.table({"id": [2], "ts": [1], "s": pa.array([7], pa.int64())}), added)
+    subprocess.run(
+        [sys.executable, "-m", "support.writer_process", table.uri, "--operation", "insert",
+         "--batch-file", str(added)],
+        cwd=TESTS, check=True, capture_output=True,
+    )  # fmt: skip
+    files = {f.path for f in table.storage.walk_files() if f.name.endswith(".parquet")}
+    with pytest.raises(SchemaError, match=r"column s .* the table's type is long, the input's is string"):
+        writer.upsert(pa.table({"id": [3], "ts": [1], "s": ["text"]}))
+    assert {f.path for f in table.storage.walk_files() if f.name.endswith(".parquet")} == files
+    [pending] = table.timeline().pending()
+    assert pending.state is State.REQUESTED
+    expected = [{"id": 1, "ts": 1, "s": None}, {"id": 2, "ts": 1, "s": 7}]
     assert sorted(read.snapshot(table).to_pylist(), key=lambda r: r["id"]) == expected
     assert sorted(hudi_rs.snapshot(table.uri), key=lambda r: r["id"]) == expected
