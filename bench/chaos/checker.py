@@ -129,7 +129,8 @@ class Checker:
         self.life: dict[str, list[float]] = defaultdict(list)
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
         self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
-        # time -> when a writer failed to delete a claim of it (a withdrawn claim left behind)
+        # time -> when a writer left a claim of it behind: its delete failed (a withdrawn claim), or its
+        # create acted but the answer was lost (a claim the writer never knew it made)
         self.left_behind: dict[str, list[float]] = defaultdict(list)
         self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
 
@@ -186,7 +187,8 @@ class Checker:
                         self.stats.stops += 1
                 elif kind == "storage-fault":
                     self.stats.storage_faults += 1
-                    if event["kind"] == "delete-fail" and (claimed := _claim_in(event["path"])) is not None:
+                    left = event["kind"] in ("delete-fail", "create-lost-ack")
+                    if left and (claimed := _claim_in(event["path"])) is not None:
                         self.left_behind[claimed].append(event["wall"])
         for fault in self.o.harness:
             if fault["kind"] == "kill":
@@ -578,7 +580,7 @@ class Checker:
     def check_rollbacks(self, evidence: Evidence) -> None:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
         instant once (unless it came back after the rollback: its writer resumed and wrote ``.inflight``
-        again, or a writer claimed its time again and could not withdraw that claim), only
+        again, or a writer claimed its time again and left that claim behind), only
         its own files; a second run changes nothing. Instants are told apart by time and action: two
         claimants of one time that both failed to withdraw leave two claims, each rolled back once."""
         targets: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
@@ -630,7 +632,7 @@ class Checker:
                 )
         for (target, _), rollbacks in targets.items():
             # the instant came back after its first rollback: its writer wrote .inflight again, or a writer
-            # claimed its time again (a claim from a stale floor) and could not withdraw that claim
+            # claimed its time again (a claim from a stale floor) and left that claim behind
             returns = [*self.planned[target], *self.left_behind[target]]
             came_back = any(t > first_done.get(target, float("inf")) for t in returns)
             if len(rollbacks) > 1 and not came_back:

@@ -602,11 +602,15 @@ def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table:
     assert_second_rollback_allowed_only_after(table, seeded, [first, second], came_back)
 
 
-def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_again(table: Table) -> None:
+@pytest.mark.parametrize("left_behind", ["delete-fail", "create-lost-ack"])
+def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_again(
+    table: Table, left_behind: str
+) -> None:
     """A writer that picked its time from an old listing claimed the time of an instant already rolled
-    back (its files gone, the create succeeded), found later instants, and could not delete the claim
-    (soak 17, seed 887660, scenario 7). The claim left behind is rolled back in turn, which the checker
-    took for one instant rolled back twice."""
+    back (its files gone, the create succeeded) and left the claim behind: it found later instants and
+    could not delete the claim (soak 17, seed 887660, scenario 7), or the create's answer was lost and it
+    never knew it had made one (soak 18, seed 887737, scenario 7). The claim left behind is rolled back in
+    turn, which the checker took for one instant rolled back twice."""
     seeded = LocalWriter(table).insert(rows(["a"]))
     dead = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
     assert dead.heartbeat is not None and dead.instant is not None
@@ -616,7 +620,7 @@ def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_
     claim = table.instant_path(dead.instant)
     assert first.target == dead.instant_time and not table.storage.exists(claim)
     assert table.storage.create_if_absent(claim, b"")  # claimed again: its time looked free
-    left = {"event": "storage-fault", "kind": "delete-fail", "path": claim, "wall": time.time()}
+    left = {"event": "storage-fault", "kind": left_behind, "path": claim, "wall": time.time()}
     [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
     assert second.target == dead.instant_time and not table.storage.exists(claim)
     assert not table.timeline().pending()
