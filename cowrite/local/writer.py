@@ -94,7 +94,8 @@ class LocalWriter:
 
     # -- one instant -----------------------------------------------------------------------------
     def _write_once(self, held: HeldInput) -> Instant:
-        known, early = self.table.known_completed(), []
+        known = self.table.known_completed()
+        early: list[EarlyListing] = []
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
             try:
@@ -124,9 +125,9 @@ class LocalWriter:
         )
         # the files are listed beside reading the schema as of begin: one round trip for both
         hold = partial(held.at, table, transaction.begin_timeline)
-        held = beside(table.storage, hold, lambda: views.append(build()))
-        view, incoming, lookup_all = views[0], held.prepared, held.lookup_all
-        known_partitions = held.named_partitions
+        current = beside(table.storage, hold, lambda: views.append(build()))
+        view, incoming, lookup_all = views[0], current.prepared, current.lookup_all
+        known_partitions = current.named_partitions
         replaced: dict[str, tuple[str, ...]] = {}
         if operation is Operation.INSERT_OVERWRITE:
             replaced = {p: tuple(g.file_id for g in view.in_partition(p)) for p in known_partitions}
@@ -240,5 +241,3 @@ class HeldInput:
             return self
         prepared = prepare(table, self.data, self.operation, self.source, schema_of(table, schema))
         return replace(self, schema=schema, prepared=prepared)
-
-
