@@ -61,13 +61,13 @@ def schema_of(table: Table, recorded: str) -> pa.Schema | None:
     return arrow_schema(recorded, f"the schema of table {table.name}") if recorded else None
 
 
-def commit_schema(table: Table, timeline: Timeline, written: pa.Schema, delete: bool = False) -> str:
-    """The schema a commit records: the table's as of ``timeline`` — the write's begin, since another
-    writer may have evolved it after the input was fitted — evolved by the columns ``written``. A delete
-    leaves it as it is."""
+def commit_schema(table: Table, begun: str, written: pa.Schema, delete: bool = False) -> str:
+    """The schema a commit records: ``begun``, the table's as the write began (another writer may have
+    evolved it after the input was first fitted; "" for none), evolved by the columns ``written``. A
+    delete leaves it as it is."""
     if delete:
-        return latest_schema(table, timeline)
-    return fit(written, current_schema(table, timeline), table).table_schema
+        return begun
+    return fit(written, schema_of(table, begun), table).table_schema
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class LocalWriter:
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
             try:
-                early.append(EarlyListing.take(self.table, held.partitions or (), known))
+                early.append(EarlyListing.take(self.table, held.named_partitions, known))
             except CowriteError as exc:
                 log.info("listing %s before the timeline failed: %s", held.partitions, exc)
 
@@ -155,7 +155,7 @@ class LocalWriter:
         merge = operation is not Operation.INSERT
         works = [to_work(bucket, instant, task, merge) for task, bucket in enumerate(buckets)]
         schema = commit_schema(
-            table, transaction.begin_timeline, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
+            table, current.schema, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
             delete=operation is Operation.DELETE,
         )
         transaction.plan(self._metadata(operation, [planned_stat(w) for w in works], replaced, schema))
