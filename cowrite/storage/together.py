@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from cowrite.process import keep
@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 THREADS = "cowrite-requests"  # the name of the threads the requests are made in (and its prefix)
 _pool: ThreadPoolExecutor | None = None
+_underway: set[Future[bool]] = set()
 
 
 def together(storage: Storage, calls: Sequence[Callable[[], T]]) -> list[T]:
@@ -50,21 +51,33 @@ def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] |
     return main.result()
 
 
-def in_background(storage: Storage, call: Callable[[], object], what: str) -> None:
-    """Make the requests of ``call`` without waiting for them where each is a round trip (a failure is
-    logged as ``what`` failing); on local disk, make them now. For work nobody waits for: a process
-    that exits first leaves it undone."""
+def in_background(storage: Storage, call: Callable[[], object], what: str) -> Future[bool] | None:
+    """Make the requests of ``call`` without waiting for them where each is a round trip, and return
+    the future of whether it succeeded (a failure is logged as ``what`` failing); on local disk, make
+    them now and return None. A process that is killed first leaves the work undone; one that exits
+    finishes it first (the pool's threads are joined at exit)."""
     if not storage.round_trips:
         call()
-        return
+        return None
 
-    def logged() -> None:
+    def logged() -> bool:
         try:
             call()
         except Exception as exc:  # nobody is there to be told
             log.warning("%s on %s failed: %s", what, storage.uri, exc)
+            return False
+        return True
 
-    _requests().submit(logged)
+    underway = _requests().submit(logged)
+    _underway.add(underway)
+    underway.add_done_callback(_underway.discard)
+    return underway
+
+
+def finish_background() -> None:
+    """Wait for the requests :func:`in_background` has made so far to be answered."""
+    for underway in list(_underway):
+        underway.result()
 
 
 def _requests() -> ThreadPoolExecutor:
@@ -78,6 +91,7 @@ def _requests() -> ThreadPoolExecutor:
 def _anew_after_fork() -> None:
     global _pool
     _pool = None  # a forked child has none of its parent's threads
+    _underway.clear()
 
 
 os.register_at_fork(after_in_child=_anew_after_fork)

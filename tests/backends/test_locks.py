@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from support import ROOT, lock_worker, wait_until
-from support.servers import ZooKeeperServer
+from support.servers import S3Server, ZooKeeperServer
 
-from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError
+from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, LockTimeoutError, StorageError
 from cowrite.format import config as keys
 from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_path
@@ -47,6 +47,7 @@ from cowrite.protocol.locks.lock_files import (
 from cowrite.protocol.locks.zookeeper import ZooKeeperLock
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
+from cowrite.storage.together import finish_background
 
 WORKER = Path(lock_worker.__file__)
 
@@ -248,10 +249,67 @@ def test_a_holders_own_release_is_empty_and_reads_as_released_by_it(storage: Sto
     lock = fs_lock(storage, LockHolder(owner="writer-1"))
     lock.acquire(timeout=5)
     lock.release()
+    finish_background()  # on an object store the release is made in the background
     assert storage.read(released_path(1)) == b""  # one exclusive create on the way to the next holder
     release = read_release(storage, 1)
     assert (release["owner"], release["reason"]) == ("writer-1", "released")
     assert before - 2 <= float(release["time"]) <= time.time() + 2  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def s3_storage(s3_server: S3Server) -> Storage:
+    uri = f"s3://{s3_server.bucket}/cowrite-test-{uuid.uuid4().hex}"
+    return Storage.for_uri(uri, **s3_server.storage_options())
+
+
+def test_the_next_turn_of_a_process_waits_for_its_release_made_in_the_background(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store ``release`` returns before its request is answered. The process's next writer
+    notes the turn from a listing that still shows that lock held, counts it as free all the same (the
+    release is its own), and takes the next turn with one try once the release is there."""
+    answer = threading.Event()
+    write_release = filesystem.write_release
+
+    def held_back(*args: Any) -> bool:
+        assert answer.wait(timeout=10)
+        return write_release(*args)
+
+    monkeypatch.setattr(filesystem, "write_release", held_back)
+    first = fs_lock(s3_storage, LockHolder(owner="first"))
+    first.acquire(timeout=5)
+    first.release()
+    assert not first.is_held and lock_ids(s3_storage) == ["lock1.acquired"]
+    following = fs_lock(s3_storage, LockHolder(owner="following"))
+    assert following.turn() == 1
+    answer.set()
+    assert following.acquire_next(1)
+    assert following.lock_id == 2
+    assert lock_ids(s3_storage) == ["lock1.acquired", "lock1.released", "lock2.acquired"]
+
+
+def test_a_release_that_failed_in_the_background_is_not_taken_for_one(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The process's next writer does not take the turn after a lock whose release failed: that lock is
+    still held, and expires as any other."""
+
+    def failing(*args: Any) -> bool:
+        raise StorageError("the release's request failed")
+
+    first = fs_lock(s3_storage, LockHolder(owner="first"))
+    first.acquire(timeout=5)
+    following = fs_lock(s3_storage, LockHolder(owner="following"))
+    assert following.turn() == 0
+    monkeypatch.setattr(filesystem, "write_release", failing)
+    with caplog.at_level(logging.WARNING, logger="cowrite.storage.together"):
+        first.release()
+        assert following.turn() == 1
+        assert not following.acquire_next(1)
+    assert "releasing table lock 1" in caplog.text and "the release's request failed" in caplog.text
+    assert lock_ids(s3_storage) == ["lock1.acquired"]
+    with pytest.raises(LockTimeoutError, match="held by first"):
+        following.acquire(timeout=0.1)
 
 
 def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:
@@ -319,6 +377,7 @@ def test_a_stale_holder_is_expired_and_learns_it(
 
     with caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"):
         old.release()
+        finish_background()
     assert "already released" in caplog.text
     assert not old.is_held
     contender.check_held()
@@ -452,6 +511,7 @@ def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
     for _ in range(3):
         writer.acquire(timeout=5)
         writer.release()
+    finish_background()
     stale_view = storage.watched_names(LOCK_DIR)  # a contender's listing showing lock3 released
     for _ in range(8):
         writer.acquire(timeout=5)

@@ -10,9 +10,20 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from support import ROOT
 
 sys.path.insert(0, str(ROOT))
-from bench.proxy import ProxyProcess, Request, sequential  # noqa: E402
+from bench import proxy  # noqa: E402
+from bench.proxy import Request, sequential  # noqa: E402
+from cowrite.storage.together import finish_background  # noqa: E402
 
 __all__ = ["ProxyProcess", "Request", "sequential", "what"]
+
+
+class ProxyProcess(proxy.ProxyProcess):
+    """The benchmark's proxy, whose :meth:`reset` first waits for the requests this process made in the
+    background (a lock's release, on an object store): they count with the operation that made them."""
+
+    def reset(self) -> list[Request]:
+        finish_background()
+        return super().reset()
 
 
 def what(request: Request) -> tuple[str, str]:

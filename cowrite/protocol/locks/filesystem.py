@@ -7,6 +7,10 @@ lock file is older than the tolerance) is expired by a contender or by the daemo
 :meth:`FileSystemLock.check_held` then raises :class:`~cowrite.errors.LeaseLostError`, and a
 writer asks right before it publishes, so it never completes an instant after losing the lock.
 
+**Release.** On an object store a holder's release is made in the background: what it ends (a commit)
+is complete, and nobody in the process needs its answer. The process's next try for the same table's
+lock waits for it first, so its turns never overlap; a listing that raced it counts that lock as free.
+
 **Turns.** Lock ids number the turns of the lock, and a writer's turn notes what it published: a writer
 that noted the last turn before it listed the timeline learns, once it holds the lock, what the turns
 since published (:meth:`FileSystemLock.published_since`, :mod:`cowrite.protocol.turns`).
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from enum import Enum
 from functools import partial
@@ -63,6 +68,15 @@ _HOLD_SECONDS: dict[str, float] = keep_mapping(
     "a number per table whose lock this process held",
     "how long this process held each table's lock lately: on an object store, where every try is a "
     "request, a waiter pauses about that long between tries",
+)
+
+
+_RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
+    "cowrite.protocol.locks.filesystem._RELEASING",
+    {},
+    "one release per table whose lock this process released",
+    "on an object store a release is made in the background: the process's next try for that table's "
+    "lock waits for it",
 )
 
 
@@ -119,6 +133,7 @@ class FileSystemLock(TableLock):
 
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
+        _settle(self.storage.uri)
         self._seen = self._waited_for = self._first_seen = None
         self._waiting_since = time.monotonic()
         # On an object store, where nothing tells of a release and every try is a request, waiters pause
@@ -165,7 +180,7 @@ class FileSystemLock(TableLock):
         """The id of the last lock released (one listing): lock ids name the turns."""
         files = scan(self.storage)
         self._notes = dict(files.published)
-        if files.is_held(files.highest):
+        if files.is_held(files.highest) and not _releasing(self.storage.uri, files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
         self._free_after = files.highest
@@ -176,6 +191,8 @@ class FileSystemLock(TableLock):
         trips, where :meth:`acquire` lists first."""
         if turn is None or turn != self._free_after:
             return False  # the next turn was taken when ``turn`` was noted: do not ask in vain
+        if _settle(self.storage.uri) == turn:
+            return False  # our own release of ``turn`` failed: it is still held
         self._waiting_since = time.monotonic()
         return self._take(turn + 1) is _Outcome.ACQUIRED
 
@@ -304,24 +321,18 @@ class FileSystemLock(TableLock):
     def release(self) -> None:
         """Create ``lock<id>.released``; a lock already expired by someone else is only logged.
 
-        On a storage failure the lock stays held (and ``release`` may be called again); if it is never
-        released it expires after the heartbeat tolerance.
+        On local disk a storage failure leaves the lock held (and ``release`` may be called again). On an
+        object store the release is made in the background, and a failure there is only logged. A lock
+        never released expires after the heartbeat tolerance.
         """
         lock_id = self._id
         if lock_id is None:
             return
-        if not write_release(self.storage, lock_id, self.holder.owner, ReleaseReason.RELEASED, self.now()):
-            log.warning(
-                "table lock %d on %s of %s was already released: %s",
-                lock_id,
-                self.storage.uri,
-                self.holder.owner,
-                describe_release(self.storage, lock_id),
-            )
+        give_back = partial(self._give_back, lock_id, self.holder.owner, self._held_since)
+        releasing = in_background(self.storage, give_back, f"releasing table lock {lock_id}")
+        if releasing is not None:
+            _RELEASING[self.storage.uri] = (lock_id, releasing)
         self._id = None
-        held = time.monotonic() - self._held_since
-        before = _HOLD_SECONDS.get(self.storage.uri)
-        _HOLD_SECONDS[self.storage.uri] = held if before is None else (before + held) / 2
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
         # go, so the stale-view check above (our id must be the highest) still holds. Every
         # _KEPT_ON_RELEASE turns, those of a whole stretch go at once (one request a kind on an object
@@ -336,6 +347,19 @@ class FileSystemLock(TableLock):
                 self.storage, partial(_collect, self.storage, acquired, released), "collecting old lock files"
             )
         self._notes = {}
+
+    def _give_back(self, lock_id: int, owner: str, held_since: float) -> None:
+        if not write_release(self.storage, lock_id, owner, ReleaseReason.RELEASED, self.now()):
+            log.warning(
+                "table lock %d on %s of %s was already released: %s",
+                lock_id,
+                self.storage.uri,
+                owner,
+                describe_release(self.storage, lock_id),
+            )
+        held = time.monotonic() - held_since  # as waiters see it: until the release is there
+        before = _HOLD_SECONDS.get(self.storage.uri)
+        _HOLD_SECONDS[self.storage.uri] = held if before is None else (before + held) / 2
 
     def check_held(self) -> None:
         lock_id = self._id
@@ -355,6 +379,22 @@ class FileSystemLock(TableLock):
             f"{self.holder.instant or 'none'}) was lost: {how}. Whatever it was doing must not be published; "
             "a writer that lost its lock aborts its instant"
         )
+
+
+def _releasing(uri: str, lock_id: int) -> bool:
+    """Whether this process's release of ``lock_id`` on ``uri`` is underway or done."""
+    pending = _RELEASING.get(uri)
+    return pending is not None and pending[0] == lock_id
+
+
+def _settle(uri: str) -> int | None:
+    """Wait for this process's release of the lock of the table at ``uri``, if one is underway; return
+    the lock's id if that release failed (the lock is then held until it expires), else None."""
+    pending = _RELEASING.pop(uri, None)
+    if pending is None:
+        return None
+    lock_id, released = pending
+    return None if released.result() else lock_id
 
 
 def _collect(storage: Storage, acquired: list[str], released: list[str]) -> None:
