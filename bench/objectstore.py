@@ -191,12 +191,14 @@ def inside(requests: list[Request], window: tuple[float, float]) -> list[Request
     return [r for r in requests if window[0] <= r.began and r.ended <= window[1]]
 
 
-def until_released(mine: list[Request], held: tuple[float, float]) -> tuple[float, float]:
-    """A hold of the lock from its acquisition to the answer to its release, which cowrite makes in the
-    background on an object store (after ``release()`` returned)."""
+def lock_hold(mine: list[Request], held: tuple[float, float]) -> list[Request]:
+    """A writer's requests while it held the lock: those made from its acquisition until ``release()``
+    returned, and the release itself, which cowrite makes in the background on an object store."""
     taken, returned = held
-    releases = [r.ended for r in mine if r.path.endswith(".released") and taken <= r.began]
-    return taken, max(returned, min(releases, default=returned))
+    made = inside(mine, held)
+    releases = [r for r in mine if r.path.endswith(".released") and taken <= r.began]
+    release = min(releases, key=lambda r: r.began, default=None)
+    return made if release is None or release in made else [*made, release]
 
 
 @dataclass
@@ -257,7 +259,7 @@ def run(
         mine = [r for r in requests if r.client == f"{engine}{i}"]
         chains += [sequential(inside(mine, window)) for window in windows.calls]
         for window in windows.held:
-            held = inside(mine, until_released(mine, window))
+            held = lock_hold(mine, window)
             locked.append(sequential(held))
             locked_requests.append(len(held))
     parts = [part for part, _ in collected.values()]
