@@ -3,8 +3,9 @@
 For ``cowrite daemon`` the stop signals are caught before the command's modules are imported, which takes
 a noticeable fraction of a second (see :mod:`cowrite.shutdown`): SIGTERM during start-up still drains.
 
-Once a command has finished — committed or failed, its heartbeats stopped, its output flushed — the
-process ends without the interpreter's teardown, unless Spark ran in it (its JVM is stopped there).
+Once a command has finished — committed or failed, its heartbeats stopped, the requests it made in the
+background answered (a lock's release on an object store), its output flushed — the process ends without
+the interpreter's teardown, unless Spark ran in it (its JVM is stopped there).
 pyarrow's native thread pools can abort that teardown (``terminate called without an active
 exception``, apache/arrow#34314): a write that had committed would then exit -6 instead of 0.
 """
@@ -32,6 +33,9 @@ def main() -> None:
             print(exc.code, file=sys.stderr)
     if "pyspark" in sys.modules:
         sys.exit(code)
+    from cowrite.storage.together import finish_background
+
+    finish_background()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -13,7 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.request_counts import ProxyProcess
 from support.servers import S3Server
+
+from cowrite.protocol.locks.lock_files import LOCK_DIR
+from cowrite.storage.backend import Storage
 
 
 def cowrite(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -153,6 +157,24 @@ def test_round_trip_on_local_disk(tmp_path: Path, inputs: Path) -> None:
 
 def test_round_trip_on_s3_with_aws_environment(s3_server: S3Server, inputs: Path) -> None:
     _round_trip(f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}", inputs, env=s3_server.env())
+
+
+def test_a_write_on_s3_releases_the_lock_before_the_process_ends(s3_server: S3Server, inputs: Path) -> None:
+    """On an object store the lock's release is made in the background, after the commit: the command
+    ends only once it is answered, however slow the round trip, or the next writer would wait for the
+    lock to expire."""
+    table = f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}"
+    with ProxyProcess(s3_server.endpoint_url, delay=0.2) as proxy:
+        env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
+        made = cowrite("init", table, "--record-key", "id", "--partition-field", "region", env=env)
+        assert made.returncode == 0, made.stderr
+        wrote = cowrite("write", table, "--input", str(inputs / "first.csv"), env=env)
+        assert wrote.returncode == 0, wrote.stderr
+    locks = Storage.for_uri(table, **s3_server.storage_options()).names(LOCK_DIR)
+    assert sorted(name for name in locks if not name.startswith("lock1.published.")) == [
+        "lock1.acquired",
+        "lock1.released",
+    ]
 
 
 def test_output_formats_and_meta_columns(tmp_path: Path, inputs: Path) -> None:
