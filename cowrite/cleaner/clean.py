@@ -47,7 +47,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
         else max(i.requested_time for i in commits)
     )
     completed = {i.requested_time for i in commits}
-    first = timeline.first.requested_time if timeline.first else ""
+    start = timeline.start or ""
     # A pending writer reads the file slices that were latest when it claimed its instant (and may revert
     # a clustering it began before): only what every pending instant saw supersedes or replaces anything.
     seen = table.seen_by_every_pending(timeline)
@@ -57,7 +57,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
     groups: dict[tuple[str, str], list[BaseFile]] = {}
     for base in list_base_files(table):
         # files of a completed commit, or older than the timeline (archived, hence committed)
-        if base.instant_time in completed or base.instant_time < first:
+        if base.instant_time in completed or base.instant_time < start:
             groups.setdefault((base.partition, base.file_id), []).append(base)
     doomed = []
     for key, files in groups.items():
@@ -66,7 +66,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
             doomed.extend(files)
             continue
         for older, newer in zip(files, files[1:], strict=False):
-            if newer.instant_time in settled or newer.instant_time < first:
+            if newer.instant_time in settled or newer.instant_time < start:
                 doomed.append(older)
     if not doomed:
         return None

@@ -5,11 +5,12 @@ one file id in one partition; its latest *visible* base file is the file slice r
 follows Hudi's readers exactly (hudi-rs), since cowrite must agree with them:
 
 - a base file counts if its instant is a completed commit/replacecommit requested at or before ``as_of``,
-- or if its instant is older than the first instant on the timeline (its evidence was archived),
+- or if its instant is older than the timeline's start, its oldest instant past its claim (its evidence
+  was archived; :attr:`Timeline.start` says why a bare claim does not count),
 - a file group replaced by a completed replacecommit (``partitionToReplaceFileIds``) is gone.
 
 So files of failed writes stay invisible only while the failed instant is on the timeline, or while the
-failed instant is younger than the first instant — the cleaner removes garbage before archival.
+failed instant is younger than the start — the cleaner removes garbage before archival.
 """
 
 from __future__ import annotations
@@ -114,13 +115,13 @@ class FileSystemView:
             check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]
         visible_times = {i.requested_time for i in commits}
-        first = timeline.first.requested_time if timeline.first else None
+        start = timeline.start
         replaced = replaced_file_groups(table, commits)
 
         def visible(f: BaseFile) -> bool:
             if as_of is not None and f.instant_time > as_of:
                 return False
-            return f.instant_time in visible_times or (first is not None and f.instant_time < first)
+            return f.instant_time in visible_times or (start is not None and f.instant_time < start)
 
         if early is None or not early.holds(timeline, partitions):
             listed = list_base_files(table, partitions)

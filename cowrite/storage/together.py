@@ -54,8 +54,9 @@ def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] |
 def in_background(storage: Storage, call: Callable[[], object], what: str) -> Future[bool] | None:
     """Make the requests of ``call`` without waiting for them where each is a round trip, and return
     the future of whether it succeeded (a failure is logged as ``what`` failing); on local disk, make
-    them now and return None. A process that is killed first leaves the work undone; one that exits
-    finishes it first (the pool's threads are joined at exit)."""
+    them now and return None. A process that exits finishes the work first (the pool's threads are joined
+    at exit); one that ends with ``os._exit`` must call :func:`finish_background` before, and one killed
+    leaves the work undone."""
     if not storage.round_trips:
         call()
         return None

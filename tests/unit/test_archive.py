@@ -12,7 +12,7 @@ from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
-from cowrite.format.instant import Action
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
@@ -56,8 +56,8 @@ def test_active_timeline_stays_bounded_and_readers_agree(table: Table) -> None:
 
 def test_archival_stops_at_a_failed_write_until_it_is_rolled_back(table: Table) -> None:
     writer = LocalWriter(table)
-    for n in range(3):
-        writer.upsert(rows([n], "a", v=n))
+    before_dead = [writer.upsert(rows([n], "a", v=n)) for n in range(3)][-1]
+    assert before_dead is not None
     dead = Transaction.begin(table, "insert")
     assert dead.heartbeat is not None
     dead.heartbeat.stop(delete=False)  # its writer died before writing anything
@@ -65,6 +65,10 @@ def test_archival_stops_at_a_failed_write_until_it_is_rolled_back(table: Table) 
         writer.upsert(rows([n], "a", v=n))
     done = archive(table, service_lock(table), keep_min=2, keep_max=3)
     assert done is not None and max(done.instants) < dead.instant_time  # nothing past the failed instant
+    # and the commit right before it stays: a claim alone does not start the timeline, that commit does
+    timeline = table.timeline()
+    assert [i.requested_time for i in timeline][:2] == [before_dead.requested_time, dead.instant_time]
+    assert timeline.start == before_dead.requested_time
     assert archive(table, service_lock(table), keep_min=2, keep_max=3) is None
     policy = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
     assert [r.target for r in rollback_failed(table, service_lock(table), policy, now=time.time() + 5)] == [
@@ -89,3 +93,29 @@ def test_a_replacecommit_stays_until_its_replaced_files_are_cleaned(table: Table
     done = archive(table, service_lock(table), keep_min=2, keep_max=3)
     assert done is not None and Action.REPLACE_COMMIT not in {i.action for i in table.timeline()}
     assert [r["id"] for r in exact(table)] == [7, 100, 101, 102, 103, 104]
+
+
+def test_a_claim_made_from_a_stale_view_hides_no_archived_file(table: Table) -> None:
+    """A writer paused between picking its claim's time and creating the claim resumes after archival and
+    claims a time older than archived commits, until its listing makes it withdraw. Whoever lists the
+    timeline meanwhile still sees the archived commits' files: an upsert updates their keys in place (with
+    them hidden, it would write the keys again into a new file group: each key twice), and the cleaner
+    deletes nothing of theirs."""
+    writer = LocalWriter(table)
+    first = writer.insert(rows(range(4), "a"))
+    for n in range(5):
+        writer.upsert(rows([10 + n], "b", v=n))
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and first is not None and first.requested_time in done.instants
+    stale = Instant(from_millis(to_millis(first.requested_time) - 1), Action.COMMIT, State.REQUESTED)
+    assert table.storage.create_if_absent(table.instant_path(stale), b"")
+    assert table.timeline().first == stale
+
+    writer.upsert(rows([1, 2], "a", v=7))
+    assert clean(table, service_lock(table), commits_retained=1) is not None
+    expected = [{"id": i, "p": "a", "v": 7 if i in (1, 2) else 0} for i in range(4)] + [
+        {"id": 10 + n, "p": "b", "v": n} for n in range(5)
+    ]
+    assert sorted(hudi_rs.rows(read.snapshot(table)), key=lambda r: (r["p"], r["id"])) == expected
+    table.withdraw(stale, "a later instant meanwhile")
+    assert sorted(exact(table), key=lambda r: (r["p"], r["id"])) == expected
