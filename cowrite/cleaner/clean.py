@@ -56,7 +56,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
 
     groups: dict[tuple[str, str], list[BaseFile]] = {}
     for base in list_base_files(table):
-        # files of a completed commit, or older than the timeline (archived, hence committed)
+        # files of a completed commit, or older than the timeline's start (archived, hence committed)
         if base.instant_time in completed or base.instant_time < start:
             groups.setdefault((base.partition, base.file_id), []).append(base)
     doomed = []

@@ -7,7 +7,7 @@ For one failed instant ``t`` (pending, its heartbeat older than the tolerance):
    no longer publish: it checks for such a plan under the same lock before it does.
 2. delete ``t``'s data files (from its ``.inflight`` plan, plus any base file of ``t`` in the partitions
    it planned), its heartbeat, and last its own timeline files — the evidence goes after the garbage, so
-   a reader never sees ``t``'s files as "older than the timeline" (archived, hence committed).
+   a reader never sees ``t``'s files as older than the timeline's start (archived, hence committed).
 3. under the lock, complete ``<r>_<c>.rollback``.
 
 A crash anywhere leaves a pending rollback whose plan says what to finish; :func:`rollback_failed` resumes
