@@ -7,7 +7,7 @@ follows Hudi's readers exactly (hudi-rs), since cowrite must agree with them:
 - a base file counts if its instant is a completed commit/replacecommit requested at or before ``as_of``,
 - or if its instant is older than the timeline's start, its oldest instant past its claim (its evidence
   was archived; :attr:`Timeline.start` says why a bare claim does not count — hudi-rs counts one, which
-  differs only while a claim made from a stale view stands on the timeline),
+  differs only while a claim made from a stale view is on the timeline),
 - a file group replaced by a completed replacecommit (``partitionToReplaceFileIds``) is gone.
 
 So files of failed writes stay invisible only while the failed instant is on the timeline, or while the
