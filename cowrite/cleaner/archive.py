@@ -5,13 +5,13 @@ moved out until ``hoodie.keep.min.commits`` remain: their timeline files are cop
 under ``.hoodie/.cowrite/archive/`` and then deleted, oldest instant first and, for each instant, its
 completed file last — a reader listing meanwhile never sees a committed instant as pending.
 
-Readers treat base files older than the active timeline's start — its oldest instant past a bare claim
-(:attr:`~cowrite.format.timeline.Timeline.start`) — as committed (their evidence was archived). So
-archival stops before:
+Readers treat base files older than the active timeline's start as committed (their evidence was
+archived; :func:`~cowrite.format.fs_view.timeline_start`). So archival stops before:
 
 - the oldest pending instant of any kind, and keeps the completed instant right before it: a failed
   write's garbage must be rolled back first, or its files would turn visible once nothing older is left
-  on the timeline (a bare claim does not set the start, so an older completed instant must);
+  on the timeline (on a table that archived instants, claims older than every other instant do not start
+  it, so an older completed instant must);
 - a replacecommit whose replaced file groups still have files: without it on the timeline, readers
   would see the replaced files again next to their replacement (the cleaner deletes them first);
 - an instant that completed after a pending instant was claimed: that writer's conflict check looks only

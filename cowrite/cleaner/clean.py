@@ -19,7 +19,13 @@ import time
 from dataclasses import dataclass
 
 from cowrite.errors import InstantGoneError
-from cowrite.format.fs_view import BaseFile, FileSystemView, list_base_files, replaced_file_groups
+from cowrite.format.fs_view import (
+    BaseFile,
+    FileSystemView,
+    list_base_files,
+    replaced_file_groups,
+    timeline_start,
+)
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.service_metadata import CleanPlan, CleanResult
 from cowrite.format.table import Table
@@ -47,7 +53,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
         else max(i.requested_time for i in commits)
     )
     completed = {i.requested_time for i in commits}
-    start = timeline.start or ""
+    start = timeline_start(table, timeline) or ""
     # A pending writer reads the file slices that were latest when it claimed its instant (and may revert
     # a clustering it began before): only what every pending instant saw supersedes or replaces anything.
     seen = table.seen_by_every_pending(timeline)

@@ -5,9 +5,8 @@ one file id in one partition; its latest *visible* base file is the file slice r
 follows Hudi's readers exactly (hudi-rs), since cowrite must agree with them:
 
 - a base file counts if its instant is a completed commit/replacecommit requested at or before ``as_of``,
-- or if its instant is older than the timeline's start, its oldest instant past its claim (its evidence
-  was archived; :attr:`Timeline.start` says why a bare claim does not count — hudi-rs counts one, which
-  differs only while a claim made from a stale view is on the timeline),
+- or if its instant is older than the timeline's start, its first instant (its evidence was archived;
+  :func:`timeline_start` says when claims before it do not count, where hudi-rs counts them),
 - a file group replaced by a completed replacecommit (``partitionToReplaceFileIds``) is gone.
 
 So files of failed writes stay invisible only while the failed instant is on the timeline, or while the
@@ -29,7 +28,7 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import ARCHIVE_DIR, Timeline
 from cowrite.storage.backend import FileInfo, Storage, stays_inside
 from cowrite.storage.together import together
 
@@ -116,7 +115,7 @@ class FileSystemView:
             check_time_travel(table, timeline, as_of)
         commits = [i for i in timeline.data_commits() if as_of is None or i.requested_time <= as_of]
         visible_times = {i.requested_time for i in commits}
-        start = timeline.start
+        start = timeline_start(table, timeline)
         replaced = replaced_file_groups(table, commits)
 
         def visible(f: BaseFile) -> bool:
@@ -180,6 +179,27 @@ def open_base_file(storage: Storage, path: str) -> Iterator[IO[bytes]]:
             yield stream
     except FileNotFoundError:
         raise BaseFileGoneError(storage.full_path(path)) from None
+
+
+def timeline_start(table: Table, timeline: Timeline) -> str | None:
+    """The requested time before which base files count as committed, their instants archived: that of
+    the timeline's first instant, or of its first instant past its claim when only claims
+    (``.requested``) come before it on a table that archived instants.
+
+    Archival keeps a completed instant before the oldest pending one (:mod:`cowrite.cleaner.archive`),
+    so on a table that archived instants such a claim was made from a stale view: a writer paused
+    between picking its time and claiming it resumed after archival, and withdraws once it lists, or
+    its claim is left for the lazy rollback. Counted, it would hide the archived commits' files — and a
+    writer that upserted meanwhile would write their keys a second time. On a table that archived
+    nothing, the oldest claim is the start: a Spark data source's tasks write files under a claim alone.
+    Looks at the archive only in that case (one listing).
+    """
+    first = timeline.first
+    if first is None or first.requested_time == timeline.first_past_claim:
+        return timeline.first_past_claim
+    if timeline.first_past_claim is not None and table.storage.list(ARCHIVE_DIR):
+        return timeline.first_past_claim
+    return first.requested_time
 
 
 def list_base_files(table: Table, partitions: Iterable[str] | None = None) -> list[BaseFile]:

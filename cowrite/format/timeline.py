@@ -211,16 +211,8 @@ class Timeline:
         return self._instants[-1] if self._instants else None
 
     @cached_property
-    def start(self) -> str | None:
-        """The requested time before which base files count as committed, their instants archived: that
-        of the oldest instant past its claim (inflight or completed).
-
-        A claim alone (``.requested``, nothing written under it yet) does not count. One made from a stale
-        view carries a time older than instants archived since, until its claimant lists and withdraws
-        it; counted, it would hide their files from whoever lists meanwhile. Archival keeps a completed
-        instant older than the oldest pending one (:mod:`cowrite.cleaner.archive`), so every claim that
-        stands, whatever it writes later, is younger than the start.
-        """
+    def first_past_claim(self) -> str | None:
+        """The requested time of the oldest instant past its claim (inflight or completed), if any."""
         past_claim = (i for i in self._instants if i.state is not State.REQUESTED)
         return next((i.requested_time for i in past_claim), None)
 

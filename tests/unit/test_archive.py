@@ -12,6 +12,7 @@ from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
+from cowrite.format.fs_view import BaseFile, list_base_files, timeline_start
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import Table
 from cowrite.local import read
@@ -68,7 +69,7 @@ def test_archival_stops_at_a_failed_write_until_it_is_rolled_back(table: Table) 
     # and the commit right before it stays: a claim alone does not start the timeline, that commit does
     timeline = table.timeline()
     assert [i.requested_time for i in timeline][:2] == [before_dead.requested_time, dead.instant_time]
-    assert timeline.start == before_dead.requested_time
+    assert timeline_start(table, timeline) == before_dead.requested_time
     assert archive(table, service_lock(table), keep_min=2, keep_max=3) is None
     policy = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
     assert [r.target for r in rollback_failed(table, service_lock(table), policy, now=time.time() + 5)] == [
@@ -119,3 +120,20 @@ def test_a_claim_made_from_a_stale_view_hides_no_archived_file(table: Table) -> 
     assert sorted(hudi_rs.rows(read.snapshot(table)), key=lambda r: (r["p"], r["id"])) == expected
     table.withdraw(stale, "a later instant meanwhile")
     assert sorted(exact(table), key=lambda r: (r["p"], r["id"])) == expected
+
+
+def test_a_claim_older_than_every_commit_starts_the_timeline_of_a_table_that_archived_nothing(
+    table: Table,
+) -> None:
+    """A Spark data source's tasks write files under a claim alone. When that write is the table's first
+    and its driver dies, a commit after it must not make the claim's files count as archived."""
+    dead = Transaction.begin(table, "insert")
+    assert dead.heartbeat is not None
+    dead.heartbeat.stop(delete=False)
+    LocalWriter(table).insert(rows([1, 2], "a"))
+    [written] = list_base_files(table)
+    orphan = BaseFile.file_name("0d0d0d0d-0000-0000-0000-000000000000-0", "0-0-1", dead.instant_time)
+    table.storage.write(f"a/{orphan}", table.storage.read(written.path))
+    timeline = table.timeline()
+    assert timeline.first == dead.instant and timeline_start(table, timeline) == dead.instant_time
+    assert [r["id"] for r in exact(table)] == [1, 2]
