@@ -9,12 +9,17 @@ from typing import Any
 
 import fsspec
 import pytest
+from hypothesis import settings
 from support.servers import S3Server, SparkCluster, ZooKeeperServer
 from support.spark import local_session
 
 from cowrite.storage.backend import Storage
 
 BACKENDS = ["local", "memory", "s3"]
+
+# The fuzz tests check what a parser accepts, not how fast it is: a busy machine must not fail them.
+settings.register_profile("cowrite", deadline=None)
+settings.load_profile("cowrite")
 
 
 @pytest.fixture(scope="session")

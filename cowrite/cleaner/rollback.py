@@ -68,9 +68,24 @@ def planned_files(table: Table, target: Instant) -> tuple[str, ...]:
                 base = BaseFile.parse(info)
                 if base is not None and base.instant_time == target.requested_time:
                     files.add(info.path)
-    # writers that do not plan their files up front (Spark inserts and the data source) leave markers
-    files.update(marked_files(table.storage, target.requested_time))
+    # Writers that do not plan their files up front (Spark inserts and the data source) leave markers,
+    # each made after the claim it writes under. An older marker is another instant's: a commit whose
+    # driver died before deleting its markers, archived since, whose time a claim made from a stale
+    # view took again and left behind. Its files are committed.
+    files.update(marked_files(table.storage, target.requested_time, made_since=_claimed_at(table, target)))
     return tuple(sorted(files))
+
+
+def _claimed_at(table: Table, target: Instant) -> float | None:
+    """When ``target``'s oldest timeline file still there was made (None when none is)."""
+    for state in (State.REQUESTED, State.INFLIGHT):
+        try:
+            return table.storage.stat(
+                table.instant_path(Instant(target.requested_time, target.action, state))
+            ).modified
+        except FileNotFoundError:
+            continue
+    return None
 
 
 def _start(

@@ -32,8 +32,9 @@ def create_marker(storage: Storage, instant: str, file_path: str) -> None:
     storage.write(marker_path(instant, file_path), b"")
 
 
-def marked_files(storage: Storage, instant: str) -> list[str]:
-    """Base files (relative paths) that ``instant``'s markers name, sorted.
+def marked_files(storage: Storage, instant: str, made_since: float | None = None) -> list[str]:
+    """Base files (relative paths) that ``instant``'s markers name, sorted; with ``made_since`` (a
+    modification time), only those of markers made since.
 
     Only names of base files of ``instant`` itself count (``..._<instant>.parquet``): a stray or forged
     marker must never make a cleanup delete data of another commit.
@@ -43,7 +44,9 @@ def marked_files(storage: Storage, instant: str) -> list[str]:
     named = (
         info.path[len(prefix) : -len(MARKER_SUFFIX)]
         for info in storage.walk_files(f"{MARKER_DIR}/{instant}")
-        if info.path.startswith(prefix) and info.path.endswith(MARKER_SUFFIX)
+        if info.path.startswith(prefix)
+        and info.path.endswith(MARKER_SUFFIX)
+        and (made_since is None or info.modified >= made_since)
     )
     return sorted(path for path in named if path.endswith(own_suffix))
 

@@ -14,6 +14,7 @@ from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
 from cowrite.format.fs_view import BaseFile, list_base_files, timeline_start
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.markers import create_marker
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
@@ -137,3 +138,29 @@ def test_a_claim_older_than_every_commit_starts_the_timeline_of_a_table_that_arc
     timeline = table.timeline()
     assert timeline.first == dead.instant and timeline_start(table, timeline) == dead.instant_time
     assert [r["id"] for r in exact(table)] == [1, 2]
+
+
+def test_a_claim_left_behind_at_the_time_of_an_archived_commit_rolls_back_none_of_its_files(
+    table: Table,
+) -> None:
+    """A commit whose writer died before deleting its markers (a Spark driver killed right after
+    publishing), archived since; a claim made from a stale view takes its time again and is left behind
+    (its claimant killed before withdrawing it). The lazy rollback of that claim deletes the claim, and
+    none of the committed files the old markers name."""
+    writer = LocalWriter(table)
+    marked = writer.insert(rows([1, 2], "a"))
+    assert marked is not None
+    [base] = list_base_files(table)
+    create_marker(table.storage, marked.requested_time, base.path)
+    for n in range(5):
+        writer.upsert(rows([10 + n], "b", v=n))
+    done = archive(table, service_lock(table), keep_min=2, keep_max=3)
+    assert done is not None and marked.requested_time in done.instants
+    stale = Instant(marked.requested_time, Action.COMMIT, State.REQUESTED)
+    assert table.storage.create_if_absent(table.instant_path(stale), b"")
+
+    policy = HeartbeatPolicy(interval=1.0, tolerable_misses=2)
+    [rolled] = rollback_failed(table, service_lock(table), policy, now=time.time() + 5)
+    assert (rolled.target, rolled.deleted) == (marked.requested_time, ())
+    assert table.timeline().get(marked.requested_time) is None
+    assert [(r["id"], r["v"]) for r in exact(table)] == [(1, 0), (2, 0)] + [(10 + n, n) for n in range(5)]
