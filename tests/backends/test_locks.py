@@ -41,6 +41,7 @@ from cowrite.protocol.locks.lock_files import (
     collect_garbage,
     current_lock,
     expire_stale_lock,
+    queued_path,
     read_release,
     released_path,
 )
@@ -310,6 +311,68 @@ def test_a_release_that_failed_in_the_background_is_not_taken_for_one(
     assert lock_ids(s3_storage) == ["lock1.acquired"]
     with pytest.raises(LockTimeoutError, match="held by first"):
         following.acquire(timeout=0.1)
+
+
+def test_waiters_on_an_object_store_queue_and_take_the_lock_in_their_order(s3_storage: Storage) -> None:
+    """A waiter that finds the lock held takes the next place in the queue; once the lock is free, a
+    waiter that queued later leaves the next id to the one whose place it is."""
+    holder = fs_lock(s3_storage, LockHolder(owner="holder"))
+    holder.acquire(timeout=5)
+    taken: list[tuple[str, int | None]] = []
+
+    def wait(name: str) -> None:
+        lock = fs_lock(s3_storage, LockHolder(owner=name))
+        lock.acquire(timeout=20)
+        taken.append((name, lock.lock_id))
+        time.sleep(0.3)  # held a while: the later waiter finds it held and waits for its own place
+        lock.release()
+
+    first = threading.Thread(target=wait, args=("first",))
+    first.start()
+    wait_until(lambda: s3_storage.exists(queued_path(2)), "the first waiter's place")
+    later = threading.Thread(target=wait, args=("later",))
+    later.start()
+    wait_until(lambda: s3_storage.exists(queued_path(3)), "the later waiter's place")
+    holder.release()
+    first.join(timeout=30)
+    later.join(timeout=30)
+    finish_background()
+    assert taken == [("first", 2), ("later", 3)]
+    assert lock_ids(s3_storage) == [
+        "lock1.acquired", "lock1.released",
+        "lock2.acquired", "lock2.queued", "lock2.released",
+        "lock3.acquired", "lock3.queued", "lock3.released",
+    ]  # fmt: skip
+
+
+def test_a_place_whose_waiter_died_holds_up_the_lock_only_for_a_while(s3_storage: Storage) -> None:
+    """Lock 2 is free, and a waiter that died queued for it. The next waiter leaves it free for a
+    while, then takes it, and gives up the place it took meanwhile, so nobody waits for that one."""
+    assert s3_storage.create_if_absent(acquired_path(1), LockHolder(owner="gone").to_bytes())
+    assert s3_storage.create_if_absent(released_path(1), b"")
+    assert s3_storage.create_if_absent(queued_path(2), b"")
+    lock = fs_lock(s3_storage, LockHolder(owner="next"))
+    started = time.monotonic()
+    lock.acquire(timeout=20)
+    assert lock.lock_id == 2
+    assert time.monotonic() - started >= filesystem._LEAVE_AT_LEAST
+    finish_background()
+    assert lock_ids(s3_storage) == ["lock1.acquired", "lock1.released", "lock2.acquired", "lock2.queued"]
+
+
+def test_places_go_with_the_lock_files_of_their_turns(storage: Storage) -> None:
+    for lock_id in (1, 2, 3):
+        assert storage.create_if_absent(acquired_path(lock_id), LockHolder().to_bytes())
+        assert storage.create_if_absent(released_path(lock_id), b"")
+        assert storage.create_if_absent(queued_path(lock_id), b"")
+    assert storage.create_if_absent(queued_path(4), b"")
+    assert lock_files.scan(storage).queued == {1, 2, 3, 4}
+    assert collect_garbage(storage, keep=1) == 3  # lock1's files and its place; ids below 3 - 1 go
+    assert lock_ids(storage) == [
+        "lock2.acquired", "lock2.queued", "lock2.released",
+        "lock3.acquired", "lock3.queued", "lock3.released",
+        "lock4.queued",
+    ]  # fmt: skip
 
 
 def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:

@@ -11,6 +11,14 @@ writer asks right before it publishes, so it never completes an instant after lo
 is complete, and nobody in the process needs its answer. The process's next try for the same table's
 lock waits for it first, so its turns never overlap; a listing that raced it counts that lock as free.
 
+**The queue.** On an object store nothing tells a waiter of a release: it must ask, and waiters that
+all ask at every release make most of a busy table's requests. A waiter that finds the lock held takes
+a place at the end of a queue (``lock<id>.queued``: the id it means to take), asks again about when the
+turns ahead of it will have passed, and takes its id once the one before it is released. Others leave
+a queued id to its waiter for about two holds, so a waiter that died in the queue holds up one turn for
+that long. The queue only paces the asking: who holds the lock is decided by the ``.acquired`` files
+alone, as without it.
+
 **Turns.** Lock ids number the turns of the lock, and a writer's turn notes what it published: a writer
 that noted the last turn before it listed the timeline learns, once it holds the lock, what the turns
 since published (:meth:`FileSystemLock.published_since`, :mod:`cowrite.protocol.turns`).
@@ -42,6 +50,7 @@ from cowrite.protocol.locks.lock_files import (
     expire_lock,
     holder_or_unknown,
     note_path,
+    queued_path,
     released_path,
     scan,
     staleness,
@@ -59,8 +68,15 @@ _IMMEDIATE_RETRIES = 3
 # Lock files a releasing holder leaves behind it (older ones it deletes, see release): on an object store
 # every waiter lists them on every try, and the server's time for a listing grows with the names it returns.
 _KEPT_ON_RELEASE = 4
-# The longest pause a waiter takes on an object store, however long holds have lasted.
+# The longest hold a waiter's pauses on an object store are reckoned from, however long holds have lasted.
 _LONGEST_PACE = 1.0
+# How long a waiter leaves a free lock to the waiter queued for it: that many holds (the queued waiter,
+# once next, asks every half hold at most), and at least that many seconds.
+_LEAVE_FOR_HOLDS = 2.0
+_LEAVE_AT_LEAST = 0.25
+# A queued waiter lists again after at most that many holds: places of waiters that died or gave up
+# count as turns ahead of it, and must not keep it from looking for long.
+_QUEUE_HORIZON = 8
 
 _HOLD_SECONDS: dict[str, float] = keep_mapping(
     "cowrite.protocol.locks.filesystem._HOLD_SECONDS",
@@ -120,6 +136,11 @@ class FileSystemLock(TableLock):
         self._held_since = 0.0  # time.monotonic() when this object took the lock
         self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
+        self._highest = 0  # the highest id of this waiter's last listing
+        self._asked = 0.0  # seconds that listing took
+        self._place: int | None = None  # the id this waiter queued for (object stores)
+        self._left: tuple[int, float] | None = None  # (free id, since when) the next is left to its waiter
+        self._queued: set[int] = set()  # the places listings showed, collected with their turns
 
     @property
     def lock_id(self) -> int | None:
@@ -134,10 +155,11 @@ class FileSystemLock(TableLock):
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
         _settle(self.storage.uri)
-        self._seen = self._waited_for = self._first_seen = None
+        self._seen = self._waited_for = self._first_seen = self._place = self._left = None
         self._waiting_since = time.monotonic()
         # On an object store, where nothing tells of a release and every try is a request, waiters pause
-        # about as long as a hold lasts (_pace): together they still try several times a hold.
+        # until about when their turn comes (_pace), and rather early than late: a waiter that asks in
+        # vain costs a request, a lock left free costs every waiter the time.
         if self.storage.round_trips:
             policy = replace(policy, floor=self._pace)
         # Watching from before the first try, a release between a try and the wait cannot go unnoticed.
@@ -183,7 +205,8 @@ class FileSystemLock(TableLock):
         if files.is_held(files.highest) and not _releasing(self.storage.uri, files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
-        self._free_after = files.highest
+        # a turn a waiter queued for is left to it: acquire_next would take it with no listing
+        self._free_after = None if files.highest + 1 in files.queued else files.highest
         return files.highest
 
     def acquire_next(self, turn: int | None) -> bool:
@@ -212,27 +235,75 @@ class FileSystemLock(TableLock):
             self.storage.create_if_absent(note_path(self._id, published), b"")
 
     def _pace(self) -> float:
-        """About twice as long as a hold of the lock lasts, less the more turns this waiter has seen go
-        by (down to a quarter of a hold), so that who has waited longest tends to try first."""
-        hold = min(_LONGEST_PACE, _HOLD_SECONDS.get(self.storage.uri, 0.0))
+        """For a waiter with a place in the queue, about as long as the turns ahead of it will last: the
+        rest of the current one and each before its own. Otherwise about twice as long as a hold of the
+        lock lasts, less the more turns this waiter has seen go by (down to a quarter of a hold), so that
+        who has waited longest tends to try first."""
+        hold = self._hold()
+        if self._place is not None and self._place > self._highest:
+            # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
+            # waiter, and the pauses with them.
+            return hold * min(_QUEUE_HORIZON, self._place - self._highest - 0.5)
         first, last = self._first_seen, self._waited_for
         seen = last - first if first is not None and last is not None else 0
         return hold * max(0.25, 2 - seen / 4)
 
+    def _hold(self) -> float:
+        """How long a hold of the lock lasts, from this process's last holds; before it held the lock,
+        guessed from its last listing (a hold is four requests, one after another)."""
+        return min(_LONGEST_PACE, _HOLD_SECONDS.get(self.storage.uri) or 4 * self._asked)
+
     def _try_acquire(self) -> _Outcome:
+        asked = time.monotonic()
         files = self._scan()
-        current = files.highest
+        self._asked = time.monotonic() - asked
+        current = self._highest = files.highest
         if self._first_seen is None:
             self._first_seen = current
         told = self.on_published
         read = partial(told, files.published) if told is not None and files.published else None
-        if files.is_held(current):
-            self._waited_for = current
-            if read is not None:
+        held = files.is_held(current)
+        if held or self._leave_to_queued(files, current):
+            # what the last turns published is read beside taking a place: one round trip for both
+            queue = partial(self._queue, files) if self.storage.round_trips else None
+            if queue is not None:
+                beside(self.storage, queue, read)
+            elif read is not None:
                 read()
+            if not held:
+                return _Outcome.BUSY
+            self._waited_for = current
             return self._judge(files, current)
         # what the last turns published is read beside taking the next: one round trip for both
         return beside(self.storage, partial(self._take, current + 1), read)
+
+    def _leave_to_queued(self, files: LockFiles, free: int) -> bool:
+        """Whether to leave lock ``free + 1`` to another waiter that queued for it: for a while from when
+        this waiter first saw it so, after which a waiter that died in the queue holds up nobody."""
+        following = free + 1
+        if following not in files.queued or following == self._place or not self.storage.round_trips:
+            return False
+        now = time.monotonic()
+        if self._left is None or self._left[0] != free:
+            self._left = (free, now)
+        return now - self._left[1] < max(_LEAVE_AT_LEAST, _LEAVE_FOR_HOLDS * self._hold())
+
+    def _queue(self, files: LockFiles) -> None:
+        """Take a place at the end of the queue, unless this waiter's place is still ahead. A place is
+        only a pace: one that cannot be taken costs nothing but more asking."""
+        highest = files.highest
+        if self._place is None or self._place <= highest:
+            self._place = self._queue_at(max(files.queued | {highest}) + 1)
+
+    def _queue_at(self, place: int) -> int | None:
+        try:
+            for _ in range(_IMMEDIATE_RETRIES):
+                if self.storage.create_if_absent(queued_path(place), b""):
+                    return place
+                place += 1  # another waiter took it meanwhile
+        except CowriteError as exc:
+            log.info("no place in the queue for the lock of %s: %s", self.storage.uri, exc)
+        return None
 
     def _take(self, candidate: int) -> _Outcome:
         """Create ``lock<candidate>.acquired``; the lock is ours if a listing after shows no higher id."""
@@ -262,12 +333,18 @@ class FileSystemLock(TableLock):
             in_background(self.storage, collect, "collecting a lock taken from a stale view")
             return _Outcome.AGAIN
         self._id, self._held_since = candidate, time.monotonic()
+        if self._place is not None and self._place > candidate:
+            # taken before its place came (left free by a waiter that died in the queue): others must
+            # not leave that place to it
+            drop = partial(self.storage.delete, queued_path(self._place))
+            in_background(self.storage, drop, "giving up a place in the queue of the lock")
         return _Outcome.ACQUIRED
 
     def _scan(self) -> LockFiles:
         """List the lock directory, keeping the notes it shows for :meth:`published_since`."""
         files = scan(self.storage)
         self._notes.update(files.published)
+        self._queued.update(files.queued)
         return files
 
     def _judge(self, files: LockFiles, lock_id: int) -> _Outcome:
@@ -340,13 +417,14 @@ class FileSystemLock(TableLock):
         # process leaves undone, the daemon collects.
         if lock_id % _KEPT_ON_RELEASE == 0 and lock_id > _KEPT_ON_RELEASE:
             old = range(max(1, lock_id - 2 * _KEPT_ON_RELEASE), lock_id - _KEPT_ON_RELEASE + 1)
-            notes = self._notes
+            notes, queued = self._notes, self._queued
             acquired = [acquired_path(i) for i in old]
             released = [released_path(i) for i in old] + [note_path(i, notes[i]) for i in old if i in notes]
+            released += [queued_path(i) for i in old if i in queued]
             in_background(
                 self.storage, partial(_collect, self.storage, acquired, released), "collecting old lock files"
             )
-        self._notes = {}
+        self._notes, self._queued = {}, set()
 
     def _give_back(self, lock_id: int, owner: str, held_since: float) -> None:
         if not write_release(self.storage, lock_id, owner, ReleaseReason.RELEASED, self.now()):

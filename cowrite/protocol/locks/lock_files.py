@@ -16,6 +16,11 @@ Files, each created once with create-if-absent and never rewritten:
   saw the timeline before some turn, and finds a note for every turn since, knows the timeline's
   completed part without listing it. Readers of the lock that do not know the notes ignore them: they
   are not lock files.
+- ``lock<id>.queued`` (empty): a waiter's place in the queue, on an object store: it means to take lock
+  ``id`` once lock ``id - 1`` is released, and others leave that id to it for a while
+  (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.acquire`). A place decides nobody's turn:
+  the lock is still whoever created ``lock<id>.acquired``. It only lets waiters ask when their turn
+  has come instead of all asking at every release.
 
 The lock is held by the holder of the highest id while no ``lock<id>.released`` exists for it. Ids are
 positive integers compared as numbers and only grow: acquiring means creating ``lock<N+1>.acquired`` when
@@ -45,6 +50,7 @@ LOCK_DIR = ".hoodie/locks"
 # Leading zeros are not ours: "lock07" would be a second name for id 7.
 _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
 _NOTE = re.compile(r"lock([1-9][0-9]*)\.published\.(.+)")
+_QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
 
 def acquired_path(lock_id: int) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.acquired"
@@ -61,6 +67,10 @@ def note_path(lock_id: int, published: str | None) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.published.{published or NOTHING}"
 
 
+def queued_path(lock_id: int) -> str:
+    return f"{LOCK_DIR}/lock{lock_id}.queued"
+
+
 class ReleaseReason(StrEnum):
     RELEASED = "released"
     EXPIRED = "expired"
@@ -75,6 +85,7 @@ class LockFiles:
     acquired: frozenset[int]
     released: frozenset[int]
     published: Mapping[int, str] = field(default_factory=dict)  # the notes: id -> completed file name
+    queued: frozenset[int] = frozenset()  # the ids waiters queued for
     acquired_at: Mapping[int, float] = field(default_factory=dict)
 
     @property
@@ -100,13 +111,16 @@ def files_named(names: frozenset[str]) -> LockFiles:
     acquired: set[int] = set()
     released: set[int] = set()
     published: dict[int, str] = {}
+    queued: set[int] = set()
     for name in names:
         parsed = parse_lock_file(name)
         if parsed is not None:
             (released if parsed[1] else acquired).add(parsed[0])
         elif (note := _NOTE.fullmatch(name)) is not None:
             published[int(note.group(1))] = note.group(2)
-    return LockFiles(frozenset(acquired), frozenset(released), published)
+        elif (place := _QUEUED.fullmatch(name)) is not None:
+            queued.add(int(place.group(1)))
+    return LockFiles(frozenset(acquired), frozenset(released), published, frozenset(queued))
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
@@ -267,7 +281,8 @@ def expire_stale_lock(
 
 
 def collect_garbage(storage: Storage, keep: int = 10, names: frozenset[str] | None = None) -> int:
-    """Delete the files of released locks whose id is below ``highest id - keep``; return how many.
+    """Delete the files of released locks whose id is below ``highest id - keep``, and the places queued
+    for such ids; return how many.
 
     The highest ids always stay, so ids keep growing from where they were. A lock without its
     ``.released`` file is left alone whatever its id. The ``.acquired`` file goes first: a crash in
@@ -290,6 +305,11 @@ def collect_garbage(storage: Storage, keep: int = 10, names: frozenset[str] | No
         if lock_id in files.published:
             storage.delete(note_path(lock_id, files.published[lock_id]))
             deleted += 1
+    for lock_id in sorted(files.queued):
+        if lock_id >= below:
+            break
+        storage.delete(queued_path(lock_id))
+        deleted += 1
     return deleted
 
 
