@@ -71,7 +71,7 @@ _KEPT_ON_RELEASE = 4
 # The longest hold a waiter's pauses on an object store are reckoned from, however long holds have lasted.
 _LONGEST_PACE = 1.0
 # How long a waiter leaves a free lock to the waiter queued for it: that many holds (the queued waiter,
-# once next, asks every half hold at most), and at least that many seconds.
+# once next, asks every quarter hold at most), and at least that many seconds.
 _LEAVE_FOR_HOLDS = 2.0
 _LEAVE_AT_LEAST = 0.25
 # A queued waiter lists again after at most that many holds: places of waiters that died or gave up
@@ -235,15 +235,16 @@ class FileSystemLock(TableLock):
             self.storage.create_if_absent(note_path(self._id, published), b"")
 
     def _pace(self) -> float:
-        """For a waiter with a place in the queue, about as long as the turns ahead of it will last: the
-        rest of the current one and each before its own. Otherwise about twice as long as a hold of the
-        lock lasts, less the more turns this waiter has seen go by (down to a quarter of a hold), so that
-        who has waited longest tends to try first."""
+        """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
+        rest of the current one and each before its own) less most of a hold, and a quarter of a hold
+        once its place is next: a lock left free while its waiter sleeps costs every waiter. Otherwise
+        about twice as long as a hold of the lock lasts, less the more turns this waiter has seen go by
+        (down to a quarter of a hold), so that who has waited longest tends to try first."""
         hold = self._hold()
         if self._place is not None and self._place > self._highest:
             # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
             # waiter, and the pauses with them.
-            return hold * min(_QUEUE_HORIZON, self._place - self._highest - 0.5)
+            return hold * min(_QUEUE_HORIZON, max(0.25, self._place - self._highest - 1.25))
         first, last = self._first_seen, self._waited_for
         seen = last - first if first is not None and last is not None else 0
         return hold * max(0.25, 2 - seen / 4)
