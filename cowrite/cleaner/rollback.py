@@ -100,8 +100,7 @@ def _start(
         if not judge(table, current, policy, now).failed:
             log.info("%s is alive again; not rolling it back", current)
             return None
-        earlier = _rolled_back_by(table, timeline, current.requested_time)
-        if earlier is not None and not earlier.is_completed:
+        if _rollback_underway(table, timeline, current) is not None:
             return None  # another cleaner recorded its rollback first; whoever runs ours finishes that one
         # After a completed rollback the instant is back: its writer, paused between its last lease
         # check and writing ``.inflight``, wrote it when it resumed. It is rolled back once more.
@@ -109,12 +108,13 @@ def _start(
         return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes(), lock=lock)
 
 
-def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | None:
-    """The rollback instant (pending or completed) whose plan names ``target``, if there is one.
+def _rollback_underway(table: Table, timeline: Timeline, target: Instant) -> Instant | None:
+    """The pending rollback instant whose plan names ``target`` (its time and action), if there is one.
 
     ``timeline`` is the last one listed. It shows one instant per time: a rollback claimed at the time of a
     writer's claim whose withdrawal failed may be hidden behind it, and it is looked at all the same
-    (missed, the target would be rolled back twice).
+    (missed, the target would be rolled back twice). The action counts: where two claims share a time,
+    the rollback of one, completed, must not hide the rollback of the other underway.
     """
     hidden: dict[str, Instant] = {}
     for instant in Timeline.listed_at_shared_times(table.storage):
@@ -122,15 +122,17 @@ def _rolled_back_by(table: Table, timeline: Timeline, target: str) -> Instant | 
         if instant.action is Action.ROLLBACK and (known is None or instant.state > known.state):
             hidden[instant.requested_time] = instant
     for rollback in [*timeline.filter(actions=[Action.ROLLBACK]), *hidden.values()]:
-        if rollback.requested_time <= target:
+        if rollback.is_completed or rollback.requested_time <= target.requested_time:
             continue
         try:
-            if table.rollback_plan(rollback).target == target:
-                return rollback
+            plan = table.rollback_plan(rollback)
         except InstantGoneError:  # archived, so completed, or withdrawn unstarted: it holds back nothing
             continue
         except CorruptTimelineError as exc:  # at worst, a second (harmless) rollback of the target
             log.warning("%s; not counting it as a rollback of %s", exc, target)
+            continue
+        if (plan.target, plan.target_action) == (target.requested_time, target.action.value):
+            return rollback
     return None
 
 

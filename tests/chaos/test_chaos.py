@@ -660,6 +660,34 @@ def test_two_claims_of_one_time_rolled_back_once_each_are_not_a_double_rollback(
     assert [v.message for v in violations if "rolled back" in v.message] == []
 
 
+def test_the_rollback_of_one_claim_at_a_shared_time_underway_is_not_recorded_again(table: Table) -> None:
+    """Two claims of different actions shared a time, and the first was rolled back (soak 22, seed 887953,
+    scenario 6). While a cleaner's rollback of the second was underway, another cleaner took the completed
+    rollback of the first, which names the same time, for a rollback of the second that had ended, and
+    recorded one more: the second claim was rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    shared = from_millis(int(time.time() * 1000))
+    for action in (Action.COMMIT, Action.REPLACE_COMMIT):
+        table.storage.write(table.instant_path(Instant(shared, action, State.REQUESTED)), b"")
+    lock, later = service_lock(table), time.time() + 10 * POLICY.tolerance
+    [first] = rollback_failed(table, lock, POLICY, now=later)  # of the claim shown first: the commit
+    second = table.timeline().get(shared)
+    assert second is not None and second.action is Action.REPLACE_COMMIT
+    underway = _start(table, lock, second, POLICY, later)
+    assert underway is not None
+    assert _start(table, lock, second, POLICY, later) is None  # another cleaner, meanwhile
+    [finished] = rollback_failed(table, lock, POLICY, now=later)
+    assert (finished.rollback.requested_time, finished.target) == (underway.requested_time, shared)
+    plans = [table.rollback_plan(r.rollback) for r in (first, finished)]
+    assert [(plan.target, plan.target_action) for plan in plans] == [
+        (shared, "commit"),
+        (shared, "replacecommit"),
+    ]
+    assert table.timeline().get(shared) is None and rollback_failed(table, lock, POLICY, now=later) == []
+    violations, _ = Checker(_outcome(table.uri, seeded.requested_time)).check()
+    assert [v.message for v in violations if "rolled back" in v.message] == []
+
+
 def test_a_claim_left_behind_at_a_rollbacks_time_is_reported_not_read_as_its_plan(
     table: Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
