@@ -18,6 +18,7 @@ import io
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -322,9 +323,10 @@ class Table:
         plan: bytes | Callable[[str], bytes] = b"",
         meanwhile: Callable[[], object] | None = None,
     ) -> tuple[Instant, Timeline, float]:
-        """Create ``.requested`` at the first free time after ``timeline``'s newest instant and no earlier
-        than ``now_millis``; return it with the timeline listed right after, and the ``time.monotonic()``
-        at which its create began (its file was written after that, whatever the tries before it took).
+        """Create ``.requested`` at the first free time after ``timeline``'s newest instant and every time
+        this process tried to claim before, and no earlier than ``now_millis``; return it with the timeline
+        listed right after, and the ``time.monotonic()`` at which its create began (its file was written
+        after that, whatever the tries before it took).
 
         The file is created only if absent (test-and-set), and the claim stands if the listing after it
         shows it, no other action's instant at the same time (each time names one instant) and no instant
@@ -335,10 +337,11 @@ class Table:
         """
         while True:
             floor = timeline.last.requested_time if timeline.last else None  # in time order
-            millis = max(now_millis, to_millis(floor) + 1 if floor else 0)
+            millis = max(now_millis, to_millis(floor) + 1 if floor else 0, _tried.get(self.storage, -1) + 1)
             reached(Step.CLAIMING)
             while True:
                 instant = Instant(from_millis(millis), action, State.REQUESTED)
+                _tried[self.storage] = millis
                 content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
                 create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
                 made_at = time.monotonic()
@@ -462,6 +465,15 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
         return storage.read(path)
     except FileNotFoundError:
         raise InstantGoneError(storage.full_path(path)) from None
+
+
+_tried: weakref.WeakKeyDictionary[Storage, int] = keep_mapping(
+    f"{__name__}._tried",
+    weakref.WeakKeyDictionary(),
+    "the latest time this process tried to claim on each live Storage (weakly held)",
+    "a create whose answer was lost may have made its claim, which no listing of the process showed yet: "
+    "a time names one instant, so the process's next claim, of whatever action, goes after it",
+)
 
 
 # Completed commits this process published, newest last (a dict keeps insertion order).
