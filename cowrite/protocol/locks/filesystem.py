@@ -133,7 +133,7 @@ class FileSystemLock(TableLock):
         self._alive_until: tuple[int, float] | None = None  # (id, time on ``now``) its holder is alive until
         self._waiting_since = time.monotonic()
         self._first_seen: int | None = None  # the highest id this waiter's first try saw
-        self._held_since = 0.0  # time.monotonic() when this object took the lock
+        self._held_since = 0.0  # time.monotonic() when this object asked for the lock it holds
         self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         self._highest = 0  # the highest id of this waiter's last listing
@@ -308,7 +308,8 @@ class FileSystemLock(TableLock):
 
     def _take(self, candidate: int) -> _Outcome:
         """Create ``lock<candidate>.acquired``; the lock is ours if a listing after shows no higher id."""
-        waited = int((time.monotonic() - self._waiting_since) * 1000)
+        asked = time.monotonic()
+        waited = int((asked - self._waiting_since) * 1000)
         payload = replace(self.holder, waited_ms=waited).to_bytes()
         if not self.storage.create_if_absent(acquired_path(candidate), payload):
             self._waited_for = candidate
@@ -333,7 +334,7 @@ class FileSystemLock(TableLock):
             collect = partial(_collect, self.storage, [acquired_path(candidate)], [released_path(candidate)])
             in_background(self.storage, collect, "collecting a lock taken from a stale view")
             return _Outcome.AGAIN
-        self._id, self._held_since = candidate, time.monotonic()
+        self._id, self._held_since = candidate, asked
         if self._place is not None and self._place > candidate:
             # taken before its place came (left free by a waiter that died in the queue): others must
             # not leave that place to it
@@ -436,7 +437,7 @@ class FileSystemLock(TableLock):
                 owner,
                 describe_release(self.storage, lock_id),
             )
-        held = time.monotonic() - held_since  # as waiters see it: until the release is there
+        held = time.monotonic() - held_since  # as waiters see it: from the create to the release
         before = _HOLD_SECONDS.get(self.storage.uri)
         _HOLD_SECONDS[self.storage.uri] = held if before is None else (before + held) / 2
 
