@@ -52,6 +52,7 @@ from cowrite.format.timeline import Timeline
 from cowrite.protocol.conflict import (
     CHECKED,
     Candidate,
+    Conflict,
     ConflictStrategy,
     record_key_overlap,
     strategy_named,
@@ -263,7 +264,26 @@ class Transaction:
             and i.requested_time < self.instant_time
             and (plan := self.table.pending_plan(i)) is not None
         ]
-        for conflict in self.strategy(planned, rivals):
+        self._raise_first(self.strategy(planned, rivals))
+
+    def _fail_while_waiting(
+        self, metadata: CommitMetadata, revert: RevertClustering | None, published: list[Candidate]
+    ) -> None:
+        """While this writer waits for the lock, fail on a conflict with a commit the lock's turns
+        published since begin, where the check under the lock would fail as well: on any, unless the
+        write may revert clusterings it lost to (then on one with any other winner)."""
+        conflicts = self.strategy(metadata, published)
+        if revert is not None and self._ingestion_first(metadata):
+            conflicts = [c for c in conflicts if not self.table.is_clustering(c.winner)]
+        self._raise_first(conflicts)
+
+    def _ingestion_first(self, metadata: CommitMetadata) -> bool:
+        """Whether this write wins over clusterings it conflicts with (the table lets ingestion win)."""
+        is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
+        return not is_service and self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
+
+    def _raise_first(self, conflicts: list[Conflict]) -> None:
+        for conflict in conflicts:
             raise WriteConflictError(
                 self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
             )
@@ -287,7 +307,7 @@ class Transaction:
             carried = CommittedTxns.of(self.table, self.begin_timeline)
             metadata = self._with_txns(metadata, carried)
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
-            known = self.turns.take(self.begin_timeline)
+            known = self.turns.take(self.begin_timeline, partial(self._fail_while_waiting, metadata, revert))
             self._publishing = False
             try:
                 reached(Step.LOCKED, self.instant_time)
@@ -427,10 +447,9 @@ class Transaction:
         completed_since_begin: list[Candidate],
     ) -> Revert | None:
         """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
-        is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
-        ingestion_first = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
+        ingestion_first = self._ingestion_first(metadata)
         candidates = list(completed_since_begin)
-        if is_service or not ingestion_first:  # pending clustering plans count as touched
+        if not ingestion_first:  # pending clustering plans count as touched
             candidates += [
                 Candidate(instant, plan)
                 for instant in timeline.pending()
@@ -439,7 +458,7 @@ class Transaction:
             ]
         conflicts = self.strategy(metadata, candidates)
         undo = None
-        if conflicts and revert is not None and ingestion_first and not is_service:
+        if conflicts and revert is not None and ingestion_first:
             winners = [c.winner for c in conflicts]
             if all(w.is_completed and self.table.is_clustering(w) for w in winners):
                 undo = revert(self, winners, timeline)

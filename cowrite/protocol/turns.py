@@ -16,12 +16,13 @@ critical section to four round trips (``README.md``, *What a commit costs*).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from cowrite.errors import CowriteError
 from cowrite.format.instant import Instant, InvalidInstantError
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline, instant_named
+from cowrite.protocol.conflict import Candidate
 from cowrite.protocol.locks import TableLock
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class Turns:
         self.table = table
         self.lock = lock
         self.noted: int | None = None  # the last turn of the lock before the begin timeline was listed
+        self._begun = Timeline(())
+        self._check: Callable[[list[Candidate]], None] | None = None
 
     def note(self) -> None:
         """Note the lock's last turn; call right before the begin timeline is listed. A failure only
@@ -43,11 +46,18 @@ class Turns:
         except CowriteError as exc:
             log.info("could not note the lock's turn of %s: %s", self.table, exc)
 
-    def take(self, begun: Timeline) -> Timeline | None:
+    def take(
+        self, begun: Timeline, check: Callable[[list[Candidate]], None] | None = None
+    ) -> Timeline | None:
         """Take the lock; return the timeline as it is under it — ``begun``, listed after the note, with
         what the turns since published — when the lock can tell, else None (list it under the lock).
-        Raises what the lock's ``acquire`` raises."""
+        Raises what the lock's ``acquire`` raises.
+
+        ``check`` is told, while the writer waits for another holder, the data commits the turns so far
+        published that completed since ``begun``; what it raises ends the wait (a conflict the check
+        under the lock would find all the same)."""
         if not self.lock.acquire_next(self.noted):
+            self._begun, self._check = begun, check
             self.lock.on_published = self._read_published
             self.lock.acquire()
         published = self.lock.published_since(self.noted)
@@ -71,10 +81,20 @@ class Turns:
             return
         after = self.noted
         instants = [i for lock_id, name in notes.items() if lock_id > after and (i := _completed(name))]
+        written = [i for i in instants if i.action.writes_data]
         try:
-            self.table.commit_metadata_of([i for i in instants if i.action.writes_data])
+            metadata = self.table.commit_metadata_of(written)
         except CowriteError:  # a note is made beside its completed file: read it again under the lock
-            pass
+            return
+        if self._check is not None:
+            seen = self._begun.completed_times
+            self._check(
+                [
+                    Candidate(i, m)
+                    for i, m in zip(written, metadata, strict=True)
+                    if i.requested_time not in seen
+                ]
+            )
 
 
 def _completed(name: str) -> Instant | None:

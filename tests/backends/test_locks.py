@@ -360,6 +360,16 @@ def test_a_place_whose_waiter_died_holds_up_the_lock_only_for_a_while(s3_storage
     assert lock_ids(s3_storage) == ["lock1.acquired", "lock1.released", "lock2.acquired", "lock2.queued"]
 
 
+def test_a_waiter_that_gives_up_leaves_no_place_behind(s3_storage: Storage) -> None:
+    holder = fs_lock(s3_storage, LockHolder(owner="holder"))
+    holder.acquire(timeout=5)
+    waiter = fs_lock(s3_storage, LockHolder(owner="waiter"))
+    with pytest.raises(LockTimeoutError, match="held by holder"):
+        waiter.acquire(timeout=0.5)
+    finish_background()
+    assert lock_ids(s3_storage) == ["lock1.acquired"]  # its place, lock2.queued, went with it
+
+
 def test_places_go_with_the_lock_files_of_their_turns(storage: Storage) -> None:
     for lock_id in (1, 2, 3):
         assert storage.create_if_absent(acquired_path(lock_id), LockHolder().to_bytes())

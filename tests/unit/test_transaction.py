@@ -22,6 +22,9 @@ from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.conflict import Candidate, file_group_overlap
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_path
+from cowrite.protocol.locks import LockHolder
+from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 
@@ -263,6 +266,26 @@ def test_early_detection_sees_commits_completed_since_begin(table: Table) -> Non
     with pytest.raises(WriteConflictError) as caught:
         late.check_alive()
     assert caught.value.winner == quick.instant_time
+
+
+def test_a_writer_waiting_for_the_lock_gives_up_on_a_conflict_a_turn_published(table: Table) -> None:
+    """A waiter reads the commits the lock's turns published since its begin; one that touched its file
+    groups is a conflict the check under the lock would find: the write fails at once, without a turn."""
+    options = WriteOptions(config=table.config.with_values({"hoodie.write.lock.wait_time_ms": "5000"}))
+    slow = Transaction.begin(table, "upsert", options=options)
+    slow.plan(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    quick = Transaction.begin(table, "upsert", options=options)
+    quick.commit(CommitMetadata("upsert", (_stat("a", "g1", quick.instant_time),)))
+    holder = FileSystemLock(table.storage, LockHolder(owner="holder"), HeartbeatPolicy(30.0, 2))
+    holder.acquire(timeout=5)
+    before = sorted(info.name for info in table.storage.list(LOCK_DIR))
+    with pytest.raises(WriteConflictError) as caught:
+        slow.commit(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    assert (caught.value.winner, caught.value.file_groups) == (quick.instant_time, ["a/g1"])
+    assert sorted(info.name for info in table.storage.list(LOCK_DIR)) == before  # it took no turn
+    holder.release()
+    left = Instant(slow.instant_time, Action.COMMIT, State.INFLIGHT)  # for the lazy rollback
+    assert table.timeline().get(slow.instant_time) == left
 
 
 def test_early_detection_is_off_by_default(table: Table) -> None:

@@ -162,6 +162,13 @@ class FileSystemLock(TableLock):
         # vain costs a request, a lock left free costs every waiter the time.
         if self.storage.round_trips:
             policy = replace(policy, floor=self._pace)
+        try:
+            self._wait_and_take(policy)
+        except BaseException:
+            self._leave_queue()  # a place nobody will take would hold up the turn after it
+            raise
+
+    def _wait_and_take(self, policy: RetryPolicy) -> None:
         # Watching from before the first try, a release between a try and the wait cannot go unnoticed.
         with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as releases:
             for _ in replace(policy, sleep=releases.wait).attempts():
@@ -296,6 +303,13 @@ class FileSystemLock(TableLock):
         if self._place is None or self._place <= highest:
             self._place = self._queue_at(max(files.queued | {highest}) + 1)
 
+    def _leave_queue(self) -> None:
+        """Give up this waiter's place, if it has one, so that others do not leave it free for it."""
+        if self._place is not None:
+            drop = partial(self.storage.delete, queued_path(self._place))
+            in_background(self.storage, drop, "giving up a place in the queue of the lock")
+            self._place = None
+
     def _queue_at(self, place: int) -> int | None:
         try:
             for _ in range(_IMMEDIATE_RETRIES):
@@ -336,10 +350,7 @@ class FileSystemLock(TableLock):
             return _Outcome.AGAIN
         self._id, self._held_since = candidate, asked
         if self._place is not None and self._place > candidate:
-            # taken before its place came (left free by a waiter that died in the queue): others must
-            # not leave that place to it
-            drop = partial(self.storage.delete, queued_path(self._place))
-            in_background(self.storage, drop, "giving up a place in the queue of the lock")
+            self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
 
     def _scan(self) -> LockFiles:
