@@ -3,17 +3,24 @@
 The local engine, the Spark engine and the Spark data source all end here, so a rule of the protocol
 that applies to every write — today, that an ingestion which lost to a completed clustering reverts it
 under ``hoodie.clustering.updates.strategy=allow`` — is applied once, and the engines cannot drift apart.
+A write that lost a conflict runs again the same way for all of them (:func:`retry_on_conflict`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from cowrite.engine.clustering import revert_clusterings
+from cowrite.errors import WriteConflictError
+from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
 from cowrite.protocol.transaction import Transaction, WriteOptions
+
+log = logging.getLogger(__name__)
 
 
 def write_instant(
@@ -47,3 +54,15 @@ def complete(transaction: Transaction, metadata: CommitMetadata) -> Instant:
     :class:`CommitStateUnknownError`."""
     written = {(s.partition_path, s.file_id): s.path for s in metadata.write_stats}
     return transaction.commit(metadata, revert=revert_clusterings(transaction.table, written))
+
+
+def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
+    """Run ``write`` (one whole write, which begins its own instant) and run it again after a write
+    conflict, up to ``hoodie.write.num.retries.on.conflict.failures`` times: a retry is a new instant."""
+    retries = config.get(keys.RETRIES_ON_CONFLICT)
+    for attempt in range(retries):
+        try:
+            return write()
+        except WriteConflictError as exc:
+            log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
+    return write()

@@ -324,9 +324,8 @@ class Table:
         meanwhile: Callable[[], object] | None = None,
     ) -> tuple[Instant, Timeline, float]:
         """Create ``.requested`` at the first free time after ``timeline``'s newest instant and every time
-        this process tried to claim before, and no earlier than ``now_millis``; return it with the timeline
-        listed right after, and the ``time.monotonic()`` at which its create began (its file was written
-        after that, whatever the tries before it took).
+        this process tried before, no earlier than ``now_millis``; return it with the timeline listed right
+        after, and the ``time.monotonic()`` at which its create began (its file was written after that).
 
         The file is created only if absent (test-and-set), and the claim stands if the listing after it
         shows it, no other action's instant at the same time (each time names one instant) and no instant
@@ -467,12 +466,10 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
         raise InstantGoneError(storage.full_path(path)) from None
 
 
+# A time names one instant: a process never tries one twice, since a create whose answer was lost may
+# have made its claim, which no listing of the process showed yet.
 _tried: weakref.WeakKeyDictionary[Storage, int] = keep_mapping(
-    f"{__name__}._tried",
-    weakref.WeakKeyDictionary(),
-    "the latest time this process tried to claim on each live Storage (weakly held)",
-    "a create whose answer was lost may have made its claim, which no listing of the process showed yet: "
-    "a time names one instant, so the process's next claim, of whatever action, goes after it",
+    f"{__name__}._tried", weakref.WeakKeyDictionary(), "a time per live Storage", "never claim a time twice"
 )
 
 

@@ -82,18 +82,6 @@ class WriteOptions:
         return HeartbeatPolicy.from_config(self.config)
 
 
-def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:
-    """Run ``write`` (one whole write, which begins its own instant) and run it again after a write
-    conflict, up to ``hoodie.write.num.retries.on.conflict.failures`` times: a retry is a new instant."""
-    retries = config.get(keys.RETRIES_ON_CONFLICT)
-    for attempt in range(retries):
-        try:
-            return write()
-        except WriteConflictError as exc:
-            log.warning("retrying after conflict (%d of %d): %s", attempt + 1, retries, exc)
-    return write()
-
-
 REVERTED_KEY = "cowrite.reverted.clusterings"
 
 
@@ -279,8 +267,8 @@ class Transaction:
 
     def _ingestion_first(self, metadata: CommitMetadata) -> bool:
         """Whether this write wins over clusterings it conflicts with (the table lets ingestion win)."""
-        is_service = metadata.operation in TABLE_SERVICE_OPERATIONS
-        return not is_service and self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
+        allow = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
+        return allow and metadata.operation not in TABLE_SERVICE_OPERATIONS
 
     def _raise_first(self, conflicts: list[Conflict]) -> None:
         for conflict in conflicts:
@@ -462,11 +450,8 @@ class Transaction:
             winners = [c.winner for c in conflicts]
             if all(w.is_completed and self.table.is_clustering(w) for w in winners):
                 undo = revert(self, winners, timeline)
-        if conflicts and undo is None:
-            conflict = conflicts[0]
-            raise WriteConflictError(
-                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
-            )
+        if undo is None:
+            self._raise_first(conflicts)
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED:
             completed = [c for c in candidates if c.instant.is_completed]
             for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):

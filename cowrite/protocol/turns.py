@@ -6,11 +6,12 @@ happens in a turn of the table lock. Where the lock can tell what its turns publ
 writer's turn leaves a note of its completed file), a listing taken before the lock is as good as one
 taken under it. A writer notes the lock's turn right before it lists the timeline at begin; at commit it
 takes the very next turn with one try, and when that works nothing completed since begin. Otherwise it
-waits for the lock, reading the commits the turns so far noted meanwhile, and once it holds the lock it
-knows the timeline — the one it began on, with the noted commits completed — if every turn in between
-left a usable note. When one did not (a table service's turn, an expired holder's, a note whose commit is
-not there), the timeline is listed under the lock as always. On an object store that keeps the lock's
-critical section to four round trips (``README.md``, *What a commit costs*).
+waits for the lock, reading the commits the turns so far noted meanwhile (and failing at once on one it
+conflicts with), and once it holds the lock it knows the timeline — the one it began on, with the noted
+commits completed — if every turn in between left a usable note. When one did not (a table service's
+turn, an expired holder's, a note whose commit is not there), the timeline is listed under the lock as
+always. On an object store that keeps the lock's critical section to four round trips (``README.md``,
+*What a commit costs*).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from cowrite.protocol.locks import TableLock
 
 log = logging.getLogger(__name__)
 
+# Told the commits a writer's rivals published since its begin; raises to give up (a certain conflict).
+Conflicts = Callable[[list[Candidate]], None]
+
 
 class Turns:
     """One writer's view of the lock's turns, from its begin (:meth:`note`) to its commit (:meth:`take`)."""
@@ -36,7 +40,7 @@ class Turns:
         self.lock = lock
         self.noted: int | None = None  # the last turn of the lock before the begin timeline was listed
         self._begun = Timeline(())
-        self._check: Callable[[list[Candidate]], None] | None = None
+        self._check: Conflicts | None = None
 
     def note(self) -> None:
         """Note the lock's last turn; call right before the begin timeline is listed. A failure only
@@ -46,9 +50,7 @@ class Turns:
         except CowriteError as exc:
             log.info("could not note the lock's turn of %s: %s", self.table, exc)
 
-    def take(
-        self, begun: Timeline, check: Callable[[list[Candidate]], None] | None = None
-    ) -> Timeline | None:
+    def take(self, begun: Timeline, check: Conflicts | None = None) -> Timeline | None:
         """Take the lock; return the timeline as it is under it — ``begun``, listed after the note, with
         what the turns since published — when the lock can tell, else None (list it under the lock).
         Raises what the lock's ``acquire`` raises.
@@ -88,13 +90,8 @@ class Turns:
             return
         if self._check is not None:
             seen = self._begun.completed_times
-            self._check(
-                [
-                    Candidate(i, m)
-                    for i, m in zip(written, metadata, strict=True)
-                    if i.requested_time not in seen
-                ]
-            )
+            published = zip(written, metadata, strict=True)
+            self._check([Candidate(i, m) for i, m in published if i.requested_time not in seen])
 
 
 def _completed(name: str) -> Instant | None:

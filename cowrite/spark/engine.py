@@ -71,11 +71,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 
+from cowrite.engine.commit import retry_on_conflict
 from cowrite.engine.contract import current_schema, fit
 from cowrite.engine.operations import prepare
 from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
-from cowrite.protocol.transaction import retry_on_conflict
 from cowrite.protocol.txn import committing_instant
 from cowrite.spark.batching import ArrowBatches
 from cowrite.spark.inserts import AppendPipeline
