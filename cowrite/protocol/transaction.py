@@ -259,7 +259,10 @@ class Transaction:
     ) -> None:
         """While this writer waits for the lock, fail on a conflict with a commit the lock's turns
         published since begin, where the check under the lock would fail as well: on any, unless the
-        write may revert clusterings it lost to (then on one with any other winner)."""
+        write may revert clusterings it lost to (then on one with any other winner). A write that carries
+        an application version is left to the lock: a version already committed is refused there first."""
+        if self.options.txn is not None:
+            return
         conflicts = self.strategy(metadata, published)
         if revert is not None and self._ingestion_first(metadata):
             conflicts = [c for c in conflicts if not self.table.is_clustering(c.winner)]

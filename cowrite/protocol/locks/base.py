@@ -66,7 +66,8 @@ class TableLock(ABC):
         self.retry = retry or RetryPolicy(deadline=60.0)
         # Told, while this object waits for another holder, what the turns so far published (completed
         # file names by turn), where the provider can tell: a writer reads those commits then, rather
-        # than once it holds the lock.
+        # than once it holds the lock. What it raises ends the wait; told beside taking a free lock, what
+        # it raises is left to the holder.
         self.on_published: Callable[[Mapping[int, str]], None] | None = None
 
     @abstractmethod

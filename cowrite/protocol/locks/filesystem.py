@@ -283,8 +283,9 @@ class FileSystemLock(TableLock):
                 return _Outcome.BUSY
             self._waited_for = current
             return self._judge(files, current)
-        # what the last turns published is read beside taking the next: one round trip for both
-        return beside(self.storage, partial(self._take, current + 1), read)
+        # what the last turns published is read beside taking the next: one round trip for both; the
+        # lock may be ours by then, so what that reading raises is left to the holder, which reads again
+        return beside(self.storage, partial(self._take, current + 1), read and partial(_quietly, read))
 
     def _leave_to_queued(self, files: LockFiles, free: int) -> bool:
         """Whether to leave lock ``free + 1`` to another waiter that queued for it: for a while from when
@@ -487,6 +488,13 @@ def _settle(uri: str) -> int | None:
         return None
     lock_id, released = pending
     return None if released.result() else lock_id
+
+
+def _quietly(read: Callable[[], object]) -> None:
+    try:
+        read()
+    except CowriteError as exc:
+        log.info("left to the holder: %s", exc)
 
 
 def _collect(storage: Storage, acquired: list[str], released: list[str]) -> None:
