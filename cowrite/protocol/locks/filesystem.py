@@ -11,14 +11,10 @@ writer asks right before it publishes, so it never completes an instant after lo
 is complete, and nobody in the process needs its answer. The process's next try for the same table's
 lock waits for it first, so its turns never overlap; a listing that raced it counts that lock as free.
 
-**The queue.** On an object store nothing tells a waiter of a release: it must ask, and waiters that
-all ask at every release make most of a busy table's requests. A waiter that finds the lock held takes
-a place at the end of a queue (``lock<id>.queued``: the id it means to take), asks again a little before
-the turns ahead of it should have passed, and takes its id once the one before it is released. Others
-leave a queued id to its waiter for about two holds, so a waiter that died in the queue holds up one turn
-for that long; one that gives up (a timeout, a conflict found while it waits) deletes its place. The
-queue only paces the asking: who holds the lock is decided by the ``.acquired`` files alone, as without
-it.
+**The queue.** On an object store nothing tells a waiter of a release, so waiters queue instead of all
+asking at every release (``lock<id>.queued``, :mod:`.lock_files`): a waiter asks a little before its turn
+should come, and others leave its id to it for about two holds. A place only paces the asking: who holds
+the lock is decided by the ``.acquired`` files alone.
 
 **Turns.** Lock ids number the turns of the lock, and a writer's turn notes what it published: a writer
 that noted the last turn before it listed the timeline learns, once it holds the lock, what the turns
