@@ -219,6 +219,9 @@ class TableService:
             writers = {p.instant.requested_time for p in state.pending_writers(self.policy, now)}
             self._apply(follower.look_heartbeats(state, writers))
         self._expire_stale_lock(table, now)
+        # What made a write failed (its writer's abort) is exported before its rollback is counted: a
+        # scrape in between must not see the rollback without its cause.
+        self._export_counts()
         pending = self._roll_back(table, state.pending_writers(self.policy, now), now)
         self._append_to_overlay(table, watermark)
         self._export_counts()

@@ -51,7 +51,8 @@ from support.servers import S3Server
 from support.tables import rows
 
 from cowrite.cleaner import service_lock
-from cowrite.cleaner.rollback import _start
+from cowrite.cleaner.rollback import _start, rollback_failed
+from cowrite.daemon import service
 from cowrite.daemon.config import TOKEN_VARIABLE, DaemonConfig, TableEntry
 from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import TableStateCollector, TableStatus
@@ -197,11 +198,22 @@ def test_tracker_follows_a_live_writer_and_rolls_it_back_only_after_the_toleranc
 
 
 @FAST_BACKENDS
-def test_a_writer_that_lost_a_conflict_is_counted_and_rolled_back_without_waiting(target: Target) -> None:
+def test_a_writer_that_lost_a_conflict_is_counted_and_rolled_back_without_waiting(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target.interval_ms, target.misses = 60_000, 2  # only the writer's own abort can make it failed soon
     target.create()
     table = target.table()
     writer(table).insert(rows(["k1"]))
+    # what a scrape right after the rollback would see of its cause
+    conflicts_when_rolled_back: list[float] = []
+
+    def rolling_back(*args: Any) -> Any:
+        done = rollback_failed(*args)
+        conflicts_when_rolled_back.append(count(daemon, "cowrite_write_conflicts_total", table="orders"))
+        return done
+
+    monkeypatch.setattr(service, "rollback_failed", rolling_back)
     with target.serving() as daemon:
         slow = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
         winner = writer(table).upsert(rows(["k1"], ts=2, value="fast"))
@@ -216,6 +228,7 @@ def test_a_writer_that_lost_a_conflict_is_counted_and_rolled_back_without_waitin
             lambda: count(daemon, "cowrite_rollbacks_total", table="orders") == 1,
             "the aborted write's rollback",
         )
+        assert conflicts_when_rolled_back[-1] == 1
         assert count(daemon, "cowrite_write_conflicts_total", table="orders") == 1
         assert count(daemon, "cowrite_aborted_writes_total", table="orders", reason="conflict") == 1
         assert count(daemon, "cowrite_commits_total", table="orders", action="commit") == 1  # the winner
