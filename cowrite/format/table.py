@@ -14,7 +14,6 @@ ignore it):
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
@@ -22,8 +21,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
-
-from jproperties import Properties
 
 from cowrite.errors import (
     ConfigError,
@@ -38,6 +35,7 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.config import Config
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
+from cowrite.format.properties import format_properties, parse_properties
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.process import keep_mapping, memo
@@ -53,24 +51,6 @@ PROPERTIES_FILE = ".hoodie/hoodie.properties"
 TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
 SUPPORTED_VERSION = 8
 SUPPORTED_LAYOUT = 2
-
-
-def format_properties(values: Mapping[str, str]) -> bytes:
-    properties = Properties()
-    for name in sorted(values):
-        properties[name] = values[name]
-    out = io.BytesIO()
-    properties.store(out, encoding="utf-8", timestamp=False)
-    return out.getvalue()
-
-
-def parse_properties(data: bytes, path: str) -> dict[str, str]:
-    properties = Properties()
-    try:
-        properties.load(data, "utf-8")
-    except Exception as exc:  # jproperties raises several kinds on malformed input
-        raise InvalidTablePropertiesError(f"{path} is not a readable properties file: {exc}") from None
-    return {name: value.data for name, value in properties.items()}
 
 
 class HeldLock(Protocol):

@@ -20,7 +20,8 @@ from cowrite.errors import (
 )
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
-from cowrite.format.table import PROPERTIES_FILE, Table, format_properties
+from cowrite.format.properties import format_properties
+from cowrite.format.table import PROPERTIES_FILE, Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter

@@ -10,7 +10,8 @@ import pytest
 from cowrite.errors import ConfigError, InvalidTablePropertiesError, StorageError, TableExistsError
 from cowrite.format import config as keys
 from cowrite.format.instant import Action, Instant, State
-from cowrite.format.table import PROPERTIES_FILE, Table, format_properties, parse_properties
+from cowrite.format.properties import format_properties, parse_properties
+from cowrite.format.table import PROPERTIES_FILE, Table
 from cowrite.storage.backend import Storage
 
 
