@@ -328,8 +328,15 @@ class Table:
                 if created:
                     break
                 millis += 1
-            after = self.timeline()
-            shared = instant.requested_time in Timeline.shared_times(self.storage)
+            try:
+                after = self.timeline()
+                shared = instant.requested_time in Timeline.shared_times(self.storage)
+            except BaseException:
+                # Not known to stand, and nothing is written under it: withdrawn now, it needs no rollback
+                # (left behind, its time could be claimed again once it is rolled back, then rolled back
+                # twice).
+                self.withdraw(instant, "the listing after it failed")
+                raise
             newest = after.last  # the timeline is in time order
             later = newest if newest is not None and newest.requested_time > instant.requested_time else None
             # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.

@@ -513,6 +513,27 @@ def test_a_time_whose_claim_lost_its_answer_is_not_claimed_again(
     assert not Timeline.shared_times(table.storage)
 
 
+def test_a_claim_the_listing_after_it_cannot_confirm_is_withdrawn_at_once(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stopped while claiming resumed after another's claim of the time it had picked was rolled
+    back, claimed that time, and could not list the timeline after (soak 24, seed 888005, scenario 8):
+    its claim, left behind, was rolled back again, a second rollback of one time. A claim is withdrawn
+    when the listing that would confirm it fails."""
+    LocalWriter(table).insert(rows(["a"]))
+    before = table.timeline()
+
+    def listing_fails(storage: Storage) -> Timeline:
+        raise StorageError("injected: list .hoodie/timeline failed")
+
+    monkeypatch.setattr(Timeline, "load", listing_fails)
+    with pytest.raises(StorageError, match="injected"):
+        table.begin_instant(Action.COMMIT, int(time.time() * 1000))
+    monkeypatch.undo()
+    assert list(table.timeline()) == list(before)
+    assert not table.timeline().pending()
+
+
 def test_a_claim_linked_into_place_after_a_lower_one_is_not_taken_for_one_claimed_out_of_order(
     table: Table,
 ) -> None:
