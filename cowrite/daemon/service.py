@@ -219,9 +219,6 @@ class TableService:
             writers = {p.instant.requested_time for p in state.pending_writers(self.policy, now)}
             self._apply(follower.look_heartbeats(state, writers))
         self._expire_stale_lock(table, now)
-        # What made a write failed (its writer's abort) is exported before its rollback is counted: a
-        # scrape in between must not see the rollback without its cause.
-        self._export_counts()
         pending = self._roll_back(table, state.pending_writers(self.policy, now), now)
         self._append_to_overlay(table, watermark)
         self._export_counts()
@@ -289,12 +286,12 @@ class TableService:
         unfinished = any(i.action is Action.ROLLBACK for i in self.state.pending_instants)
         if not unfinished and not any(p.failed for p in pending) and not self.state.claims_left_behind:
             return pending
+        self._export_counts()  # aborts first: a scrape never sees a rollback without its cause
         try:
             with self._timed("rollback"):
                 done = rollback_failed(table, self.lock, self.policy, now)
         except LockTimeoutError as exc:
-            # A live holder keeps the lock: the table is fine and its failed writes (and their garbage)
-            # stay reported; a later poll rolls them back.
+            # a live holder keeps the lock: failed writes (and garbage) stay reported, a later poll rolls back
             log.warning("rollback on %s waits for the table lock: %s", self.name, exc)
             return pending
         for item in done:
