@@ -579,12 +579,15 @@ class Checker:
 
     def check_rollbacks(self, evidence: Evidence) -> None:
         """6: rollbacks touched only instants whose writer was gone (heartbeat expired or aborted), each
-        instant once (unless it came back after the rollback: its writer resumed and wrote ``.inflight``
-        again, or a writer claimed its time again and left that claim behind), only
-        its own files; a second run changes nothing. Instants are told apart by time and action: two
-        claimants of one time that both failed to withdraw leave two claims, each rolled back once."""
+        instant once (unless it came back: its writer resumed and wrote ``.inflight`` again after the
+        rollback, or a writer claimed its time again once the rollback had deleted the claim, and left
+        that claim behind), only its own files; a second run changes nothing. Instants are told apart by
+        time and action: two claimants of one time that both failed to withdraw leave two claims, each
+        rolled back once."""
         targets: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
         first_done: dict[str, float] = {}
+        # target -> when its first rollback was planned: it deletes the target's files after that
+        first_planned: dict[str, float] = {}
         for time_, item in evidence.completed.items():
             if item.instant.action is not Action.ROLLBACK:
                 continue
@@ -597,6 +600,10 @@ class Checker:
             targets[(plan.target, plan.target_action)].append(time_)
             if item.modified is not None:
                 first_done[plan.target] = min(item.modified, first_done.get(plan.target, item.modified))
+            requested = evidence.requested_files.get((time_, Action.ROLLBACK))
+            planned_at = requested.modified if requested is not None else item.modified
+            if planned_at is not None:
+                first_planned[plan.target] = min(planned_at, first_planned.get(plan.target, planned_at))
             if plan.target in evidence.completed:
                 self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
             for path in plan.files:
@@ -605,7 +612,6 @@ class Checker:
                     self.fail(
                         "6", f"rollback {time_} of {plan.target} deleted {path}, not a file of its target"
                     )
-            requested = evidence.requested_files.get((time_, Action.ROLLBACK))
             if requested is None or requested.modified is None or plan.target not in self.claims:
                 continue
             judged_at = requested.modified
@@ -630,11 +636,16 @@ class Checker:
                     f"rollback {time_} judged {plan.target} failed, yet its heartbeat was never older than "
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
+        slack = 1.0 if self.scenario.backend == "s3" else EPSILON  # S3 keeps whole seconds
         for (target, _), rollbacks in targets.items():
-            # the instant came back after its first rollback: its writer wrote .inflight again, or a writer
-            # claimed its time again (a claim from a stale floor) and left that claim behind
-            returns = [*self.planned[target], *self.left_behind[target]]
-            came_back = any(t > first_done.get(target, float("inf")) for t in returns)
+            # The instant came back after its first rollback: its writer wrote .inflight again, or a writer
+            # claimed its time again (a claim from a stale floor) and left that claim behind. A claim is
+            # created only once the old one is deleted, which the rollback does before it completes.
+            done = first_done.get(target, float("inf"))
+            claimable = min(done, first_planned.get(target, done) + slack)
+            came_back = any(t > done for t in self.planned[target]) or any(
+                t > claimable for t in self.left_behind[target]
+            )
             if len(rollbacks) > 1 and not came_back:
                 by = ", ".join(sorted(rollbacks))
                 self.fail("6", f"instant {target} was rolled back {len(rollbacks)} times: by {by}")

@@ -51,7 +51,7 @@ from cowrite.storage.backend import Storage
 sys.path.insert(0, str(ROOT))  # bench/ lives beside the package
 
 from bench import chaos  # noqa: E402
-from bench.chaos.checker import Checker  # noqa: E402
+from bench.chaos.checker import EPSILON, Checker  # noqa: E402
 from bench.chaos.plan import QUICK, scenario  # noqa: E402
 from bench.chaos.runner import Outcome  # noqa: E402
 
@@ -670,6 +670,35 @@ def test_a_time_claimed_again_after_its_rollback_and_left_behind_is_rolled_back_
     assert not table.timeline().pending()
     # the checker allows the second rollback only because the time was claimed again and left behind
     assert_second_rollback_allowed_only_after(table, seeded, [first, second], left)
+
+
+def test_a_time_claimed_again_while_its_rollback_completes_and_left_behind_is_rolled_back_again(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the claim was made after the first rollback deleted the old one and before it
+    completed its instant (soak 25, seeds 888044 and 888045): the checker, which allowed only returns
+    after that completion, reported the time rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    dead = Transaction.begin(table, "upsert", options=WriteOptions(config=table.config))
+    assert dead.heartbeat is not None and dead.instant is not None
+    dead.heartbeat.stop(delete=False)
+    claim, left = table.instant_path(dead.instant), []
+    delete = table.storage.delete
+
+    def then_claimed_again(path: str) -> None:
+        delete(path)
+        if path == claim:  # the rollback's last delete before it completes
+            time.sleep(2 * EPSILON)
+            assert table.storage.create_if_absent(claim, b"")  # its time looked free
+            left.append({"event": "storage-fault", "kind": "delete-fail", "path": claim, "wall": time.time()})
+
+    monkeypatch.setattr(table.storage, "delete", then_claimed_again)
+    later = time.time() + 10 * POLICY.tolerance
+    [first] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    monkeypatch.undo()
+    [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert first.target == second.target == dead.instant_time and not table.timeline().pending()
+    assert_second_rollback_allowed_only_after(table, seeded, [first, second], left[0])
 
 
 def assert_second_rollback_allowed_only_after(
