@@ -120,6 +120,8 @@ class Checker:
         self.table = Table.open(self.storage)
         self.tolerance = outcome.policy.tolerance
         self.interval = outcome.policy.interval
+        # how far a storage time may lag the moment it stands for: S3 keeps whole seconds
+        self.slack = 1.0 if self.scenario.backend == "s3" else EPSILON
         self.claims: dict[str, dict[str, Any]] = {}
         self.rounds: dict[tuple[int, int], dict[str, Any]] = {}
         self.beats: dict[str, list[float]] = defaultdict(list)  # as judges see them: storage times
@@ -539,10 +541,9 @@ class Checker:
                 release = read_release(self.storage, lock_id)
             except (FileNotFoundError, CowriteError):
                 continue
-            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
             # the expiry takes effect when its file exists, not when the expirer decided on it
             when = released.get(f"lock{lock_id}.released")
-            if release.get("reason") == "expired" and when is not None and item.modified > when + slack:
+            if release.get("reason") == "expired" and when is not None and item.modified > when + self.slack:
                 self.fail(
                     "4",
                     f"{item.instant.file_name} was published under lock{lock_id} "
@@ -615,10 +616,9 @@ class Checker:
             if requested is None or requested.modified is None or plan.target not in self.claims:
                 continue
             judged_at = requested.modified
-            # S3 keeps whole seconds: the plan was recorded up to a second after its modification time
-            slack = 1.0 if self.scenario.backend == "s3" else EPSILON
+            # the plan was recorded up to a slack after its modification time
             given_up = self.given_up.get(plan.target)
-            if given_up is not None and given_up <= judged_at + slack:
+            if given_up is not None and given_up <= judged_at + self.slack:
                 continue  # the writer aborted first: failed at once
             # the judge looks at the heartbeat; only an instant that never had one is judged by its files
             beats = [t for t in self.beats[plan.target] if t <= judged_at + EPSILON]
@@ -630,19 +630,18 @@ class Checker:
             longest = max(
                 later - earlier for earlier, later in zip(alive, [*alive[1:], judged_at], strict=True)
             )
-            if longest < self.tolerance - slack:
+            if longest < self.tolerance - self.slack:
                 self.fail(
                     "6",
                     f"rollback {time_} judged {plan.target} failed, yet its heartbeat was never older than "
                     f"{longest:.3f} s before (tolerance {self.tolerance} s)",
                 )
-        slack = 1.0 if self.scenario.backend == "s3" else EPSILON  # S3 keeps whole seconds
         for (target, _), rollbacks in targets.items():
             # The instant came back after its first rollback: its writer wrote .inflight again, or a writer
             # claimed its time again (a claim from a stale floor) and left that claim behind. A claim is
             # created only once the old one is deleted, which the rollback does before it completes.
             done = first_done.get(target, float("inf"))
-            claimable = min(done, first_planned.get(target, done) + slack)
+            claimable = min(done, first_planned.get(target, done) + self.slack)
             came_back = any(t > done for t in self.planned[target]) or any(
                 t > claimable for t in self.left_behind[target]
             )
