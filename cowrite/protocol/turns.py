@@ -76,9 +76,10 @@ class Turns:
             return None
         return Timeline([*begun, *completed])
 
-    def _read_published(self, notes: Mapping[int, str]) -> None:
-        """While the lock is another's: read the commits the turns since the note published (reads are
-        kept), so that once this writer holds the lock it has them at hand."""
+    def _read_published(self, notes: Mapping[int, str], waiting: bool) -> None:
+        """Before this writer holds the lock: read the commits the turns since the note published (reads
+        are kept), so that once it holds the lock it has them at hand; while ``waiting`` for another
+        holder, also check them for a conflict. Raises only what that check raises."""
         if self.noted is None:
             return
         after = self.noted
@@ -88,7 +89,7 @@ class Turns:
             metadata = self.table.commit_metadata_of(written)
         except CowriteError:  # a note is made beside its completed file: read it again under the lock
             return
-        if self._check is not None:
+        if waiting and self._check is not None:
             seen = self._begun.completed_times
             published = zip(written, metadata, strict=True)
             self._check([Candidate(i, m) for i, m in published if i.requested_time not in seen])

@@ -834,7 +834,7 @@ def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(s
     # (lock8's holder collects ids 1..4); on the third, the last holder goes.
     batches = iter([range(2, 5), range(5, 10)])
 
-    def others_take_turns(notes: object) -> None:
+    def others_take_turns(notes: object, waiting: bool) -> None:
         nonlocal holding
         batch = next(batches, None)
         if batch is None:

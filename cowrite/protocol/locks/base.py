@@ -64,11 +64,12 @@ class TableLock(ABC):
     def __init__(self, holder: LockHolder, retry: RetryPolicy | None = None) -> None:
         self.holder = holder
         self.retry = retry or RetryPolicy(deadline=60.0)
-        # Told, while this object waits for another holder, what the turns so far published (completed
-        # file names by turn), where the provider can tell: a writer reads those commits then, rather
-        # than once it holds the lock. What it raises ends the wait; told beside taking a free lock, what
-        # it raises is left to the holder.
-        self.on_published: Callable[[Mapping[int, str]], None] | None = None
+        # Told, while this object asks for the lock, what the turns so far published (completed file
+        # names by turn), where the provider can tell, and whether the lock is another's (True) or is
+        # being taken beside (False): a writer reads those commits then, rather than once it holds the
+        # lock. While the lock is another's, what it raises ends the wait; beside a take it must not
+        # raise, as the lock may be this object's by then.
+        self.on_published: Callable[[Mapping[int, str], bool], None] | None = None
 
     @abstractmethod
     def acquire(self, timeout: float | None = None) -> None: ...

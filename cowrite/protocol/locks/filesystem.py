@@ -265,11 +265,11 @@ class FileSystemLock(TableLock):
         current = self._highest = files.highest
         if self._first_seen is None:
             self._first_seen = current
-        told = self.on_published
-        read = partial(told, files.published) if told is not None and files.published else None
+        told = self.on_published if files.published else None
         held = files.is_held(current)
         if held or self._leave_to_queued(files, current):
             # what the last turns published is read beside taking a place: one round trip for both
+            read = told and partial(told, files.published, True)
             queue = partial(self._queue, files) if self.storage.round_trips else None
             if queue is not None:
                 beside(self.storage, queue, read)
@@ -279,9 +279,10 @@ class FileSystemLock(TableLock):
                 return _Outcome.BUSY
             self._waited_for = current
             return self._judge(files, current)
-        # what the last turns published is read beside taking the next: one round trip for both; the
-        # lock may be ours by then, so what that reading raises is left to the holder, which reads again
-        return beside(self.storage, partial(self._take, current + 1), read and partial(_quietly, read))
+        # what the last turns published is read beside taking the next: one round trip for both
+        return beside(
+            self.storage, partial(self._take, current + 1), told and partial(told, files.published, False)
+        )
 
     def _leave_to_queued(self, files: LockFiles, free: int) -> bool:
         """Whether to leave lock ``free + 1`` to another waiter that queued for it: for a while from when
@@ -484,13 +485,6 @@ def _settle(uri: str) -> int | None:
         return None
     lock_id, released = pending
     return None if released.result() else lock_id
-
-
-def _quietly(read: Callable[[], object]) -> None:
-    try:
-        read()
-    except CowriteError as exc:
-        log.info("left to the holder: %s", exc)
 
 
 def _collect(storage: Storage, acquired: list[str], released: list[str]) -> None:
