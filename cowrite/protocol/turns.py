@@ -41,6 +41,7 @@ class Turns:
         self.noted: int | None = None  # the last turn of the lock before the begin timeline was listed
         self._begun = Timeline(())
         self._check: Conflicts | None = None
+        self._checked: set[str] = set()  # times of the commits ``_check`` was told of: each only once
 
     def note(self) -> None:
         """Note the lock's last turn; call right before the begin timeline is listed. A failure only
@@ -56,10 +57,10 @@ class Turns:
         Raises what the lock's ``acquire`` raises.
 
         ``check`` is told, while the writer waits for another holder, the data commits the turns so far
-        published that completed since ``begun``; what it raises ends the wait (a conflict the check
-        under the lock would find all the same)."""
+        published that completed since ``begun``, each once; what it raises ends the wait (a conflict the
+        check under the lock would find all the same)."""
         if not self.lock.acquire_next(self.noted):
-            self._begun, self._check = begun, check
+            self._begun, self._check, self._checked = begun, check, set()
             self.lock.on_published = self._read_published
             self.lock.acquire()
         published = self.lock.published_since(self.noted)
@@ -90,9 +91,12 @@ class Turns:
         except CowriteError:  # a note is made beside its completed file: read it again under the lock
             return
         if waiting and self._check is not None:
-            seen = self._begun.completed_times
+            seen = self._begun.completed_times | self._checked
             published = zip(written, metadata, strict=True)
-            self._check([Candidate(i, m) for i, m in published if i.requested_time not in seen])
+            fresh = [Candidate(i, m) for i, m in published if i.requested_time not in seen]
+            if fresh:
+                self._check(fresh)
+                self._checked.update(c.instant.requested_time for c in fresh)
 
 
 def _completed(name: str) -> Instant | None:

@@ -6,6 +6,7 @@ import itertools
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,11 +21,11 @@ from cowrite.format.instant import Action, Instant, State, from_millis, to_milli
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.conflict import Candidate, file_group_overlap
+from cowrite.protocol.conflict import Candidate, Conflict, file_group_overlap
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_path
 from cowrite.protocol.locks import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
-from cowrite.protocol.locks.lock_files import LOCK_DIR
+from cowrite.protocol.locks.lock_files import LOCK_DIR, LockFiles
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 
@@ -286,6 +287,44 @@ def test_a_writer_waiting_for_the_lock_gives_up_on_a_conflict_a_turn_published(t
     holder.release()
     left = Instant(slow.instant_time, Action.COMMIT, State.INFLIGHT)  # for the lazy rollback
     assert table.timeline().get(slow.instant_time) == left
+
+
+def test_a_waiter_checks_each_commit_a_turn_published_once(table: Table) -> None:
+    """A waiter lists the lock directory again and again while the lock is another's; each listing shows
+    the same published commit, which the waiter checks for a conflict on the first only."""
+    told: list[list[str]] = []
+
+    def counting(mine: CommitMetadata, candidates: Sequence[Candidate]) -> list[Conflict]:
+        told.append([c.instant.requested_time for c in candidates])
+        return file_group_overlap(mine, candidates)
+
+    holder = FileSystemLock(table.storage, LockHolder(owner="holder"), HeartbeatPolicy(30.0, 2))
+    lock = FileSystemLock(table.storage, LockHolder(owner="waiter"), HeartbeatPolicy(30.0, 2))
+    scans = 0
+    scan = lock._scan
+
+    def scan_then_release_on_the_third() -> LockFiles:
+        nonlocal scans
+        scans += 1
+        if scans == 3:
+            holder.release()
+        return scan()
+
+    lock._scan = scan_then_release_on_the_third  # type: ignore[method-assign]
+    # the files are not written: no key check, which would read them
+    settings = {"hoodie.write.lock.wait_time_ms": "10000", "cowrite.write.conflict.record.keys": "false"}
+    config = table.config.with_values(settings)
+    slow = Transaction.begin(
+        table, "upsert", options=WriteOptions(config, lock=lock, conflict_strategy=counting)
+    )
+    slow.plan(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    quick = Transaction.begin(table, "upsert", options=WriteOptions(config))
+    quick.commit(CommitMetadata("upsert", (_stat("a", "g2", quick.instant_time),)))
+    holder.acquire(timeout=5)
+    slow.commit(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    assert scans >= 3  # two listings while the lock was the holder's
+    assert told == [[quick.instant_time], [quick.instant_time]]  # while waiting, and under the lock
+    assert slow.instant_time in table.timeline().completed_times
 
 
 def test_early_detection_is_off_by_default(table: Table) -> None:
