@@ -616,7 +616,7 @@ class Checker:
             if requested is None or requested.modified is None or plan.target not in self.claims:
                 continue
             judged_at = requested.modified
-            # the plan was recorded up to a slack after its modification time
+            # the plan was recorded up to self.slack after the file's modification time
             given_up = self.given_up.get(plan.target)
             if given_up is not None and given_up <= judged_at + self.slack:
                 continue  # the writer aborted first: failed at once
