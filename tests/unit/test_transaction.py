@@ -327,6 +327,27 @@ def test_a_waiter_checks_each_commit_a_turn_published_once(table: Table) -> None
     assert slow.instant_time in table.timeline().completed_times
 
 
+def test_a_writer_that_finds_the_lock_free_checks_what_the_turns_published_once_it_holds_it(
+    table: Table,
+) -> None:
+    """A writer whose commit finds the lock free reads the commits the turns published beside taking it,
+    and checks them for a conflict only under the lock: by then the lock may be its own."""
+    told: list[list[str]] = []
+
+    def counting(mine: CommitMetadata, candidates: Sequence[Candidate]) -> list[Conflict]:
+        told.append([c.instant.requested_time for c in candidates])
+        return file_group_overlap(mine, candidates)
+
+    config = table.config.with_values({"cowrite.write.conflict.record.keys": "false"})  # files not written
+    slow = Transaction.begin(table, "upsert", options=WriteOptions(config, conflict_strategy=counting))
+    slow.plan(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    quick = Transaction.begin(table, "upsert", options=WriteOptions(config))
+    quick.commit(CommitMetadata("upsert", (_stat("a", "g2", quick.instant_time),)))
+    slow.commit(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
+    assert told == [[quick.instant_time]]  # under the lock
+    assert slow.instant_time in table.timeline().completed_times
+
+
 def test_early_detection_is_off_by_default(table: Table) -> None:
     earlier = Transaction.begin(table, "upsert", options=_options(table))
     later = Transaction.begin(table, "upsert", options=_options(table))
