@@ -289,15 +289,25 @@ def test_a_writer_waiting_for_the_lock_gives_up_on_a_conflict_a_turn_published(t
     assert table.timeline().get(slow.instant_time) == left
 
 
+# Stats that name files never written: the record-key check, which would read them, is off.
+_NO_KEY_CHECK = {"cowrite.write.conflict.record.keys": "false"}
+
+
+class _Told:
+    """The file-group strategy, recording the times of the candidates of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, mine: CommitMetadata, candidates: Sequence[Candidate]) -> list[Conflict]:
+        self.calls.append([c.instant.requested_time for c in candidates])
+        return file_group_overlap(mine, candidates)
+
+
 def test_a_waiter_checks_each_commit_a_turn_published_once(table: Table) -> None:
     """A waiter lists the lock directory again and again while the lock is another's; each listing shows
     the same published commit, which the waiter checks for a conflict on the first only."""
-    told: list[list[str]] = []
-
-    def counting(mine: CommitMetadata, candidates: Sequence[Candidate]) -> list[Conflict]:
-        told.append([c.instant.requested_time for c in candidates])
-        return file_group_overlap(mine, candidates)
-
+    told = _Told()
     holder = FileSystemLock(table.storage, LockHolder(owner="holder"), HeartbeatPolicy(30.0, 2))
     lock = FileSystemLock(table.storage, LockHolder(owner="waiter"), HeartbeatPolicy(30.0, 2))
     scans = 0
@@ -311,19 +321,15 @@ def test_a_waiter_checks_each_commit_a_turn_published_once(table: Table) -> None
         return scan()
 
     lock._scan = scan_then_release_on_the_third  # type: ignore[method-assign]
-    # the files are not written: no key check, which would read them
-    settings = {"hoodie.write.lock.wait_time_ms": "10000", "cowrite.write.conflict.record.keys": "false"}
-    config = table.config.with_values(settings)
-    slow = Transaction.begin(
-        table, "upsert", options=WriteOptions(config, lock=lock, conflict_strategy=counting)
-    )
+    config = table.config.with_values({"hoodie.write.lock.wait_time_ms": "10000", **_NO_KEY_CHECK})
+    slow = Transaction.begin(table, "upsert", options=WriteOptions(config, lock=lock, conflict_strategy=told))
     slow.plan(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
     quick = Transaction.begin(table, "upsert", options=WriteOptions(config))
     quick.commit(CommitMetadata("upsert", (_stat("a", "g2", quick.instant_time),)))
     holder.acquire(timeout=5)
     slow.commit(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
     assert scans >= 3  # two listings while the lock was the holder's
-    assert told == [[quick.instant_time], [quick.instant_time]]  # while waiting, and under the lock
+    assert told.calls == [[quick.instant_time], [quick.instant_time]]  # while waiting, and under the lock
     assert slow.instant_time in table.timeline().completed_times
 
 
@@ -332,19 +338,14 @@ def test_a_writer_that_finds_the_lock_free_checks_what_the_turns_published_once_
 ) -> None:
     """A writer whose commit finds the lock free reads the commits the turns published beside taking it,
     and checks them for a conflict only under the lock: by then the lock may be its own."""
-    told: list[list[str]] = []
-
-    def counting(mine: CommitMetadata, candidates: Sequence[Candidate]) -> list[Conflict]:
-        told.append([c.instant.requested_time for c in candidates])
-        return file_group_overlap(mine, candidates)
-
-    config = table.config.with_values({"cowrite.write.conflict.record.keys": "false"})  # files not written
-    slow = Transaction.begin(table, "upsert", options=WriteOptions(config, conflict_strategy=counting))
+    told = _Told()
+    config = table.config.with_values(_NO_KEY_CHECK)
+    slow = Transaction.begin(table, "upsert", options=WriteOptions(config, conflict_strategy=told))
     slow.plan(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
     quick = Transaction.begin(table, "upsert", options=WriteOptions(config))
     quick.commit(CommitMetadata("upsert", (_stat("a", "g2", quick.instant_time),)))
     slow.commit(CommitMetadata("upsert", (_stat("a", "g1", slow.instant_time),)))
-    assert told == [[quick.instant_time]]  # under the lock
+    assert told.calls == [[quick.instant_time]]  # under the lock
     assert slow.instant_time in table.timeline().completed_times
 
 
