@@ -296,6 +296,11 @@ def test_lock_waits_are_observed_and_old_lock_files_collected(target: Target) ->
         commits: list[Instant | None] = []
         waiting = threading.Thread(target=lambda: commits.append(writer(table).insert(rows(["k1"]))))
         waiting.start()
+
+        def planned() -> bool:  # from then on it only writes a file before it asks for the lock
+            return any(i.state is State.INFLIGHT for i in table.timeline().pending())
+
+        wait_until(planned, "the waiting writer's plan")  # the first write of a process may take a while
         time.sleep(0.7)
         lock.release()
         heartbeat.stop()
