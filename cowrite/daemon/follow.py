@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from bisect import bisect_right, insort
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -54,7 +55,15 @@ from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR, TIMELINE_DIR, instant_named
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, abort_reason
-from cowrite.protocol.locks.lock_files import LOCK_DIR, holder_or_unknown, parse_lock_file, read_release
+from cowrite.protocol.locks.lock_files import (
+    LOCK_DIR,
+    LockFiles,
+    files_listed,
+    files_named,
+    holder_or_unknown,
+    parse_lock_file,
+    read_release,
+)
 from cowrite.storage.backend import FileInfo, LocalStorage
 
 log = logging.getLogger(__name__)
@@ -70,7 +79,7 @@ _CHANGES = {
 @dataclass(frozen=True)
 class LockLook:
     events: list[Event]
-    names: frozenset[str]  # the lock directory as listed: what garbage collection works from
+    files: LockFiles  # the lock directory as listed: what garbage collection works from
 
 
 class TimelineFollower:
@@ -279,11 +288,14 @@ class TimelineFollower:
         infos: dict[str, FileInfo] | None = None
         if self._kept:
             names = self.storage.watched_names(LOCK_DIR)
+            files = files_named(names)
             if names is self._lock_names:
-                return LockLook([], names)
+                return LockLook([], files)
         else:
+            listed_at = time.monotonic()
             infos = {info.name: info for info in self.storage.list(LOCK_DIR)}
             names = frozenset(infos)
+            files = files_listed(self.storage, list(infos.values()), listed_at)
         new = sorted(
             (parsed, name)
             for name in names - (self._lock_names or frozenset())
@@ -310,7 +322,7 @@ class TimelineFollower:
                 log.warning("lock file %s of %s: %s", name, self.table.uri, exc)
                 events.append(LockReleased(lock_id, expired=False))
         self._lock_names = names
-        return LockLook(events, names)
+        return LockLook(events, files)
 
     def look_heartbeats(self, state: TableState, writers: Collection[str]) -> list[Event]:
         """Heartbeats renewed or gone since the last look. The payload of a pending writer's heartbeat

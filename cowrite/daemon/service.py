@@ -261,7 +261,7 @@ class TableService:
         self._locks_looked_at = time.monotonic()
         look = self.follower.look_locks(self.state)
         self._apply(look.events)
-        collect_garbage(self.table.storage, keep=self.config.locks_kept, names=look.names)
+        collect_garbage(self.table.storage, keep=self.config.locks_kept, files=look.files)
 
     def _expire_stale_lock(self, table: Table, now: float) -> None:
         """Release the filesystem lock of a holder whose heartbeat (or, holding no instant, whose lock file)

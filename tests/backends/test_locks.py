@@ -36,6 +36,8 @@ from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesys
 from cowrite.protocol.locks.factory import zookeeper_hosts
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import (
+    COLLECTABLE_AGE,
+    FRESH_VIEW,
     LOCK_DIR,
     acquired_path,
     collect_garbage,
@@ -232,6 +234,14 @@ def test_release_is_safe_twice_and_when_not_held(
 # -- the filesystem lock ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def every_taker_confirms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every taker of the filesystem lock confirms it with a listing, so collectors need not leave young
+    locks alone: tests of what collection removes do not wait for lock files to age."""
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 0.0)
+    monkeypatch.setattr(lock_files, "COLLECTABLE_AGE", 0.0)
+
+
 def lock_ids(storage: Storage) -> list[str]:
     return sorted((info.name for info in storage.list(LOCK_DIR)), key=lambda n: (int(n[4:].split(".")[0]), n))
 
@@ -370,6 +380,7 @@ def test_a_waiter_that_gives_up_leaves_no_place_behind(s3_storage: Storage) -> N
     assert lock_ids(s3_storage) == ["lock1.acquired"]  # its place, lock2.queued, went with it
 
 
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_places_go_with_the_lock_files_of_their_turns(storage: Storage) -> None:
     for lock_id in (1, 2, 3):
         assert storage.create_if_absent(acquired_path(lock_id), LockHolder().to_bytes())
@@ -385,6 +396,7 @@ def test_places_go_with_the_lock_files_of_their_turns(storage: Storage) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_ids_only_grow_and_compare_as_numbers(storage: Storage) -> None:
     # Lexically "lock9" sorts after "lock10"; taking 9 for the highest would re-create lock10 forever.
     for lock_id in (9, 10):
@@ -577,6 +589,7 @@ def test_a_killed_holder_is_recovered_after_the_tolerance(tmp_path: Path) -> Non
         process.stdout.close()
 
 
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
     storage: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -622,6 +635,54 @@ def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
     contender.release()
 
 
+def test_a_taker_whose_listing_is_fresh_holds_the_lock_without_listing_again(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store, a lock taken from a listing that began less than FRESH_VIEW before the create
+    returned is held at once: one listing and one create. From an older listing, a second listing
+    confirms it."""
+    first = fs_lock(s3_storage)
+    first.acquire(timeout=5)
+    first.release()
+    finish_background()
+    listings: list[str] = []
+    listed = s3_storage.list
+    monkeypatch.setattr(s3_storage, "list", lambda path: listings.append(path) or listed(path))
+
+    taker = fs_lock(s3_storage, LockHolder(owner="taker"))
+    taker.acquire(timeout=5)
+    assert (taker.lock_id, listings) == (2, [LOCK_DIR])
+    taker.check_held()
+    taker.release()
+
+    late = fs_lock(s3_storage, LockHolder(owner="late"))
+    turn = late.turn()
+    time.sleep(FRESH_VIEW + 0.1)
+    listings.clear()
+    assert late.acquire_next(turn)
+    assert (late.lock_id, listings) == (3, [LOCK_DIR])  # after the create
+    late.release()
+    finish_background()
+
+
+def test_collectors_leave_the_files_of_young_locks_on_an_object_store(s3_storage: Storage) -> None:
+    """Takers with a fresh listing do not confirm their locks, so a process collects a lock only once its
+    listings have shown it for COLLECTABLE_AGE: until then, its id cannot be taken again."""
+    lock = fs_lock(s3_storage)
+    for _ in range(3):
+        lock.acquire(timeout=5)
+        lock.release()
+    finish_background()
+    assert collect_garbage(s3_storage, keep=0) == 0
+    time.sleep(COLLECTABLE_AGE + 0.1)
+    lock.acquire(timeout=5)
+    assert collect_garbage(s3_storage, keep=0) == 2 * 3
+    assert lock_ids(s3_storage) == ["lock4.acquired"]
+    lock.release()
+    finish_background()
+
+
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_a_forged_low_lock_does_not_count(storage: Storage) -> None:
     writer = fs_lock(storage)
     for _ in range(5):
@@ -636,6 +697,7 @@ def test_a_forged_low_lock_does_not_count(storage: Storage) -> None:
     contender.release()
 
 
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_garbage_collection_keeps_the_highest_ids(storage: Storage) -> None:
     assert collect_garbage(storage) == 0
     lock = fs_lock(storage)
@@ -811,6 +873,7 @@ def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPa
         lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
 
 
+@pytest.mark.usefixtures("every_taker_confirms")
 def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(storage: Storage) -> None:
     """Holders collect old lock files every few turns. A writer that saw a turn's note on one of its tries
     while it waited still knows, once it holds the lock, what that turn published: nine turns went by

@@ -36,12 +36,15 @@ from cowrite.process import keep_mapping
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder, TableLock
 from cowrite.protocol.locks.lock_files import (
+    FRESH_VIEW,
     LOCK_DIR,
     NOTHING,
     LockFiles,
     ReleaseReason,
     acquired_path,
+    collectable,
     created_at,
+    delete_in_order,
     describe_holder,
     describe_release,
     expire_lock,
@@ -137,7 +140,7 @@ class FileSystemLock(TableLock):
         self._asked = 0.0  # seconds that listing took
         self._place: int | None = None  # the id this waiter queued for (object stores)
         self._left: tuple[int, float] | None = None  # (free id, since when) the next is left to its waiter
-        self._queued: set[int] = set()  # the places listings showed, collected with their turns
+        self._last = LockFiles(frozenset(), frozenset())  # this object's last listing
 
     @property
     def lock_id(self) -> int | None:
@@ -204,7 +207,7 @@ class FileSystemLock(TableLock):
 
     def turn(self) -> int | None:
         """The id of the last lock released (one listing): lock ids name the turns."""
-        files = scan(self.storage)
+        files = self._last = scan(self.storage)
         self._notes = dict(files.published)
         if files.is_held(files.highest) and not _releasing(self.storage.uri, files.highest):
             self._free_after = None
@@ -320,7 +323,9 @@ class FileSystemLock(TableLock):
         return None
 
     def _take(self, candidate: int) -> _Outcome:
-        """Create ``lock<candidate>.acquired``; the lock is ours if a listing after shows no higher id."""
+        """Create ``lock<candidate>.acquired``; the lock is ours if our last listing, which showed
+        ``candidate - 1`` as the last lock, was fresh when the create returned, or else if a listing after
+        shows no higher id."""
         asked = time.monotonic()
         waited = int((asked - self._waiting_since) * 1000)
         payload = replace(self.holder, waited_ms=waited).to_bytes()
@@ -328,7 +333,11 @@ class FileSystemLock(TableLock):
             self._waited_for = candidate
             return _Outcome.BUSY
         # Our listing may have been stale: after lock files were garbage-collected, an id far below the
-        # current one can be created again. Only an id that is still the highest counts.
+        # current one can be created again. A fresh one cannot be (collectors leave young locks alone,
+        # lock_files): the create that succeeded took the very next turn.
+        listed_at = self._last.listed_at
+        if listed_at is not None and time.monotonic() - listed_at < FRESH_VIEW:
+            return self._taken(candidate, asked)
         try:
             higher = self._scan().highest
         except BaseException:
@@ -344,19 +353,22 @@ class FileSystemLock(TableLock):
             )
             write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
             # far below the highest, no holder collects it: its files go now, the .acquired first
-            collect = partial(_collect, self.storage, [acquired_path(candidate)], [released_path(candidate)])
+            files = [acquired_path(candidate)], [released_path(candidate)]
+            collect = partial(delete_in_order, self.storage, *files)
             in_background(self.storage, collect, "collecting a lock taken from a stale view")
             return _Outcome.AGAIN
-        self._id, self._held_since = candidate, asked
-        if self._place is not None and self._place > candidate:
+        return self._taken(candidate, asked)
+
+    def _taken(self, lock_id: int, asked: float) -> _Outcome:
+        self._id, self._held_since = lock_id, asked
+        if self._place is not None and self._place > lock_id:
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
 
     def _scan(self) -> LockFiles:
         """List the lock directory, keeping the notes it shows for :meth:`published_since`."""
-        files = scan(self.storage)
+        files = self._last = scan(self.storage)
         self._notes.update(files.published)
-        self._queued.update(files.queued)
         return files
 
     def _judge(self, files: LockFiles, lock_id: int) -> _Outcome:
@@ -424,19 +436,15 @@ class FileSystemLock(TableLock):
         self._id = None
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
         # go, so the stale-view check above (our id must be the highest) still holds. Every
-        # _KEPT_ON_RELEASE turns, those of a whole stretch go at once (one request a kind on an object
-        # store, made in the background), rather than two deletes on the way of every commit; what a
-        # process leaves undone, the daemon collects.
-        if lock_id % _KEPT_ON_RELEASE == 0 and lock_id > _KEPT_ON_RELEASE:
-            old = range(max(1, lock_id - 2 * _KEPT_ON_RELEASE), lock_id - _KEPT_ON_RELEASE + 1)
-            notes, queued = self._notes, self._queued
-            acquired = [acquired_path(i) for i in old]
-            released = [released_path(i) for i in old] + [note_path(i, notes[i]) for i in old if i in notes]
-            released += [queued_path(i) for i in old if i in queued]
-            in_background(
-                self.storage, partial(_collect, self.storage, acquired, released), "collecting old lock files"
-            )
-        self._notes, self._queued = {}, set()
+        # _KEPT_ON_RELEASE turns, what our last listing showed of older turns goes at once (one request a
+        # kind on an object store, made in the background), rather than two deletes on the way of every
+        # commit; what a process leaves undone, a later one or the daemon collects.
+        if lock_id % _KEPT_ON_RELEASE == 0:
+            acquired, others = collectable(self.storage, self._last, lock_id - _KEPT_ON_RELEASE + 1)
+            if acquired or others:
+                collect = partial(delete_in_order, self.storage, acquired, others)
+                in_background(self.storage, collect, "collecting old lock files")
+        self._notes = {}
 
     def _give_back(self, lock_id: int, owner: str, held_since: float) -> None:
         if not write_release(self.storage, lock_id, owner, ReleaseReason.RELEASED, self.now()):
@@ -486,9 +494,3 @@ def _settle(uri: str) -> int | None:
     lock_id, released = pending
     return None if released.result() else lock_id
 
-
-def _collect(storage: Storage, acquired: list[str], released: list[str]) -> None:
-    """Delete lock files of turns long over: the ``.acquired`` files first, as a lone ``.released`` reads
-    as free."""
-    storage.delete_all(acquired)
-    storage.delete_all(released)

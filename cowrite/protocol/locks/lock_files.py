@@ -25,6 +25,14 @@ Files, each created once with create-if-absent and never rewritten:
 The lock is held by the holder of the highest id while no ``lock<id>.released`` exists for it. Ids are
 positive integers compared as numbers and only grow: acquiring means creating ``lock<N+1>.acquired`` when
 ``lock<N>`` is released. Works on every storage whose ``create_if_absent`` is atomic.
+
+**Collecting old files.** Once the files of lock ``N+1`` are gone, ``lock<N+1>.acquired`` can be created
+again by a contender whose listing still shows ``lock<N>`` as the last: a stale view, which the taker's
+listing after its create catches (:class:`~cowrite.protocol.locks.filesystem.FileSystemLock`). On an
+object store a taker whose listing began less than :data:`FRESH_VIEW` before its create returned skips
+that listing, and collectors make that safe: a process deletes only locks that a listing of its own first
+showed at least :data:`COLLECTABLE_AGE` earlier, so at least that old. A lock created after a taker's
+listing began is then still there when the taker's create reaches the storage, which refuses the create.
 """
 
 from __future__ import annotations
@@ -38,10 +46,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from cowrite.errors import CorruptTimelineError
-from cowrite.process import memo
+from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
-from cowrite.storage.backend import Storage
+from cowrite.storage.backend import FileInfo, Storage
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,20 @@ LOCK_DIR = ".hoodie/locks"
 _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
 _NOTE = re.compile(r"lock([1-9][0-9]*)\.published\.(.+)")
 _QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
+
+# Seconds on each process's monotonic clock, on object stores (see the module docstring); the age must be
+# at least the fresh view, and more leaves a margin.
+FRESH_VIEW = 0.5
+COLLECTABLE_AGE = 1.0
+
+_FIRST_SEEN: dict[str, dict[int, float]] = keep_mapping(
+    "cowrite.protocol.locks.lock_files._FIRST_SEEN",
+    {},
+    "the ids of the last listing of each table's lock directory on an object store",
+    "when a listing of this process first showed each lock id (time.monotonic()): on an object store it "
+    "collects only locks it has known for COLLECTABLE_AGE",
+)
+
 
 def acquired_path(lock_id: int) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.acquired"
@@ -78,15 +100,16 @@ class ReleaseReason(StrEnum):
 
 @dataclass(frozen=True)
 class LockFiles:
-    """The ids one listing of ``.hoodie/locks/`` showed, and when each ``.acquired`` file was created where
-    the listing told it (object stores list modification times with names; local disk's kept listing
-    has names only)."""
+    """The ids one listing of ``.hoodie/locks/`` showed; on an object store also when each ``.acquired``
+    file was created (storage clock) and when the listing began (``time.monotonic()``): local disk's kept
+    listing has names only."""
 
     acquired: frozenset[int]
     released: frozenset[int]
     published: Mapping[int, str] = field(default_factory=dict)  # the notes: id -> completed file name
     queued: frozenset[int] = frozenset()  # the ids waiters queued for
     acquired_at: Mapping[int, float] = field(default_factory=dict)
+    listed_at: float | None = None
 
     @property
     def highest(self) -> int:
@@ -100,10 +123,35 @@ class LockFiles:
 def scan(storage: Storage) -> LockFiles:
     if not storage.round_trips:
         return files_named(storage.watched_names(LOCK_DIR))
-    infos = storage.list(LOCK_DIR)
+    listed_at = time.monotonic()
+    return files_listed(storage, storage.list(LOCK_DIR), listed_at)
+
+
+def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> LockFiles:
+    """What a listing of an object store's lock directory, begun at ``listed_at``, shows; the ids it shows
+    for the first time count from now for :func:`collectable`."""
     files = files_named(frozenset(info.name for info in infos))
     created = {parse_lock_file(info.name): info.modified for info in infos}
-    return replace(files, acquired_at={i: at for i in files.acquired if (at := created.get((i, False)))})
+    seen, now = _FIRST_SEEN.get(storage.uri, {}), time.monotonic()
+    _FIRST_SEEN[storage.uri] = {i: seen.get(i, now) for i in files.acquired | files.released}
+    acquired_at = {i: at for i in files.acquired if (at := created.get((i, False)))}
+    return replace(files, acquired_at=acquired_at, listed_at=listed_at)
+
+
+def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[str], list[str]]:
+    """The files of released locks with ids below ``below`` that may be deleted, the ``.acquired`` files
+    apart (they go first: a lone ``.released`` reads as released, a lone ``.acquired`` as held), and the
+    places queued for such ids. A lock without its ``.released`` file stays whatever its id; on an object
+    store so does one this process has not known for :data:`COLLECTABLE_AGE` (see the module docstring)."""
+    ids = sorted(i for i in files.released if i < below)
+    if storage.round_trips:
+        seen, now = _FIRST_SEEN.get(storage.uri, {}), time.monotonic()
+        ids = [i for i in ids if now - seen.get(i, now) >= COLLECTABLE_AGE]
+    acquired = [acquired_path(i) for i in ids if i in files.acquired]
+    others = [released_path(i) for i in ids]
+    others += [note_path(i, files.published[i]) for i in ids if i in files.published]
+    others += [queued_path(i) for i in sorted(files.queued) if i < below]
+    return acquired, others
 
 
 @memo(16, "pure; a kept listing is the same object until the lock directory changes")
@@ -280,37 +328,25 @@ def expire_stale_lock(
     return lock_id
 
 
-def collect_garbage(storage: Storage, keep: int = 10, names: frozenset[str] | None = None) -> int:
+def collect_garbage(storage: Storage, keep: int = 10, files: LockFiles | None = None) -> int:
     """Delete the files of released locks whose id is below ``highest id - keep``, and the places queued
-    for such ids; return how many.
+    for such ids (:func:`collectable`); return how many. ``files``: a listing of the lock directory the
+    caller just made (else it is listed).
 
-    The highest ids always stay, so ids keep growing from where they were. A lock without its
-    ``.released`` file is left alone whatever its id. The ``.acquired`` file goes first: a crash in
-    between leaves a lone ``.released``, which reads as released, never a lone ``.acquired``, which would
-    read as held. ``names``: a listing of the lock directory the caller just made (else it is listed).
+    The highest ids always stay, so ids keep growing from where they were.
     """
     if keep < 0:
         raise ValueError(f"keep must be >= 0, not {keep}")
-    files = scan(storage) if names is None else files_named(names)
-    below = files.highest - keep
-    deleted = 0
-    for lock_id in sorted(files.released):
-        if lock_id >= below:
-            break
-        if lock_id in files.acquired:
-            storage.delete(acquired_path(lock_id))
-            deleted += 1
-        storage.delete(released_path(lock_id))
-        deleted += 1
-        if lock_id in files.published:
-            storage.delete(note_path(lock_id, files.published[lock_id]))
-            deleted += 1
-    for lock_id in sorted(files.queued):
-        if lock_id >= below:
-            break
-        storage.delete(queued_path(lock_id))
-        deleted += 1
-    return deleted
+    files = scan(storage) if files is None else files
+    acquired, others = collectable(storage, files, files.highest - keep)
+    delete_in_order(storage, acquired, others)
+    return len(acquired) + len(others)
+
+
+def delete_in_order(storage: Storage, acquired: list[str], others: list[str]) -> None:
+    """Delete the ``.acquired`` files of old locks, then their other files (see :func:`collectable`)."""
+    storage.delete_all(acquired)
+    storage.delete_all(others)
 
 
 @dataclass(frozen=True)
