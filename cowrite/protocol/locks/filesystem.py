@@ -217,10 +217,15 @@ class FileSystemLock(TableLock):
         return files.highest
 
     def acquire_next(self, turn: int | None) -> bool:
-        """Take lock ``turn + 1`` with one try and no listing before it: on an object store two round
-        trips, where :meth:`acquire` lists first."""
+        """Take lock ``turn + 1`` with one try and no listing before it: on an object store one round trip
+        while the listing that noted ``turn`` is fresh, where :meth:`acquire` lists first."""
         if turn is None or turn != self._free_after:
             return False  # the next turn was taken when ``turn`` was noted: do not ask in vain
+        listed_at = self._last.listed_at
+        if listed_at is not None and time.monotonic() - listed_at >= FRESH_VIEW:
+            # the create would need a listing to confirm it: one before it costs as much, and spares the
+            # create when others took turns meanwhile (or one from a stale view, once they are collected)
+            return False
         if _settle(self.storage.uri) == turn:
             return False  # our own release of ``turn`` failed: it is still held
         self._waiting_since = time.monotonic()
