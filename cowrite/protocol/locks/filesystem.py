@@ -223,9 +223,7 @@ class FileSystemLock(TableLock):
             return False  # the next turn was taken when ``turn`` was noted: do not ask in vain
         listed_at = self._last.listed_at
         if listed_at is not None and time.monotonic() - listed_at >= FRESH_VIEW:
-            # the create would need a listing to confirm it: one before it costs as much, and spares the
-            # create when others took turns meanwhile (or one from a stale view, once they are collected)
-            return False
+            return False  # a listing first costs what one confirming the create would, and spares a create
         if _settle(self.storage.uri) == turn:
             return False  # our own release of ``turn`` failed: it is still held
         self._waiting_since = time.monotonic()
