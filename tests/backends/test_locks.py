@@ -36,8 +36,6 @@ from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesys
 from cowrite.protocol.locks.factory import zookeeper_hosts
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import (
-    COLLECTABLE_AGE,
-    FRESH_VIEW,
     LOCK_DIR,
     acquired_path,
     collect_garbage,
@@ -640,7 +638,8 @@ def test_a_taker_whose_listing_is_fresh_holds_the_lock_without_listing_again(
 ) -> None:
     """On an object store, a lock taken from a listing that began less than FRESH_VIEW before the create
     returned is held at once: one listing and one create. A turn noted by an older listing is not taken
-    with one try (the create would need a listing to confirm it): the taker lists first."""
+    with one try (the create would need a listing to confirm it): the taker lists first. (Nothing collects
+    here, so FRESH_VIEW is set as the test needs, whatever the machine's speed.)"""
     first = fs_lock(s3_storage)
     first.acquire(timeout=5)
     first.release()
@@ -648,20 +647,22 @@ def test_a_taker_whose_listing_is_fresh_holds_the_lock_without_listing_again(
     listings: list[str] = []
     listed = s3_storage.list
     monkeypatch.setattr(s3_storage, "list", lambda path: listings.append(path) or listed(path))
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 60.0)
 
     taker = fs_lock(s3_storage, LockHolder(owner="taker"))
     taker.acquire(timeout=5)
     assert (taker.lock_id, listings) == (2, [LOCK_DIR])
     taker.check_held()
     taker.release()
+    finish_background()
 
     late = fs_lock(s3_storage, LockHolder(owner="late"))
     turn = late.turn()
-    time.sleep(FRESH_VIEW + 0.1)
-    listings.clear()
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 0.0)  # that listing is old now
     assert not late.acquire_next(turn) and lock_ids(s3_storage) == [
         "lock1.acquired", "lock1.released", "lock2.acquired", "lock2.released"
     ]  # fmt: skip
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 60.0)
     listings.clear()
     late.acquire(timeout=5)
     assert (late.lock_id, listings) == (3, [LOCK_DIR])
@@ -669,7 +670,9 @@ def test_a_taker_whose_listing_is_fresh_holds_the_lock_without_listing_again(
     finish_background()
 
 
-def test_collectors_leave_the_files_of_young_locks_on_an_object_store(s3_storage: Storage) -> None:
+def test_collectors_leave_the_files_of_young_locks_on_an_object_store(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Takers with a fresh listing do not confirm their locks, so a process collects a lock only once its
     listings have shown it for COLLECTABLE_AGE: until then, its id cannot be taken again."""
     lock = fs_lock(s3_storage)
@@ -677,8 +680,10 @@ def test_collectors_leave_the_files_of_young_locks_on_an_object_store(s3_storage
         lock.acquire(timeout=5)
         lock.release()
     finish_background()
+    monkeypatch.setattr(lock_files, "COLLECTABLE_AGE", 60.0)  # young, however slow the machine
     assert collect_garbage(s3_storage, keep=0) == 0
-    time.sleep(COLLECTABLE_AGE + 0.1)
+    monkeypatch.setattr(lock_files, "COLLECTABLE_AGE", 0.5)
+    time.sleep(0.6)
     lock.acquire(timeout=5)
     assert collect_garbage(s3_storage, keep=0) == 2 * 3
     assert lock_ids(s3_storage) == ["lock4.acquired"]
