@@ -10,7 +10,7 @@ waits for the lock, reading the commits the turns so far noted meanwhile (and fa
 conflicts with), and once it holds the lock it knows the timeline — the one it began on, with the noted
 commits completed — if every turn in between left a usable note. When one did not (a table service's
 turn, an expired holder's, a note whose commit is not there), the timeline is listed under the lock as
-always. On an object store that keeps the lock's critical section to four round trips (``README.md``,
+always. On an object store that keeps the lock's critical section to three round trips (``README.md``,
 *What a commit costs*).
 """
 
