@@ -28,8 +28,9 @@ and the round trips a write call makes **one after another** (the longest chain 
 each starts after the previous one was answered), in the whole call and inside the table lock's critical
 section (from the lock's acquisition to the end of its release). Then the S3 server's own time a commit
 by kind of request (it answers one request at a time, so this bounds commits/s however short the round
-trips), the ratio to delta-rs and the targets of the object-storage issue. A benchmark, not a test: it
-exits 0 unless a writer crashed.
+trips), where the lock's turns go at two writers or more (:mod:`bench.lock_turns`), the ratio to
+delta-rs and the targets of the object-storage issue. A benchmark, not a test: it exits 0 unless a writer
+crashed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
+from bench.lock_turns import Turns, lock_turns
 from bench.proxy import DelayingProxy, Request, sequential
 
 BUCKET = "cowrite-bench"
@@ -214,6 +216,7 @@ class Summary:
     locked: list[int]  # sequential round trips per lock hold
     locked_requests: list[int]  # requests per lock hold
     server: Counter[str]  # seconds the S3 server spent on the run's requests, by kind
+    turns: Turns  # the lock's turns, part by part
 
     @property
     def rate(self) -> float:
@@ -268,7 +271,7 @@ def run(
     first = [r for r in requests if r.client == f"{engine}0"]
     last_call = inside(first, collected[0][1].calls[-1]) if collected[0][1].calls else []
     return Summary(engine, mode, writers, merged, max(0.0, ended - started), counts, chains, last_call,
-                   locked, locked_requests, busy)
+                   locked, locked_requests, busy, lock_turns(requests))
 
 
 # -- tables ----------------------------------------------------------------------------------------
@@ -424,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nthe S3 server's own time a commit, ms (it answers one request at a time):")
     for s in summaries:
         print(f"  {s.engine} {s.mode} {s.writers}: {server_time(s)}")
+    print("\nthe lock's turns, from one holder's create to the next one's (bench/lock_turns.py):")
+    for s in summaries:
+        if s.engine == "cowrite" and s.writers > 1:
+            print(f"  {s.mode} {s.writers}: {s.turns.describe()}")
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
     if not args.no_delta and "disjoint" in args.workloads:

@@ -18,6 +18,7 @@ from cowrite.local.writer import LocalWriter
 from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(ROOT))
+from bench.lock_turns import PARTS, lock_turns  # noqa: E402
 from bench.proxy import DelayingProxy, ProxyProcess  # noqa: E402
 
 DELAY = 0.05
@@ -80,3 +81,24 @@ def test_a_proxy_in_a_process_of_its_own_delays_traces_and_exits_with_its_parent
         assert proxy.reset() == traced and proxy.requests() == []
         process = proxy._process
     assert process.returncode == 0  # stopped by closing its stdin
+
+
+def test_the_lock_turns_of_a_run_are_taken_apart_from_the_proxy_log(s3_server: S3Server) -> None:
+    with DelayingProxy(s3_server.endpoint_url, delay=DELAY, trace=True) as proxy:
+        options = through(s3_server, proxy)
+        uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+        table = Table.create(uri, name="t", record_key_fields=["id"], storage_options=options)
+        proxy.reset()
+        writer = LocalWriter(table)
+        for value in ("x", "y", "z"):
+            writer.upsert(pa.table({"id": [1], "v": [value]}))
+        turns = lock_turns(proxy.requests())
+        assert hudi_rs.snapshot(uri, options) == [{"id": 1, "v": "z"}]
+    # three turns, each noted and released: the first two are followed by another, the last is not
+    assert len(turns.turns) == 2
+    assert set(turns.parts) == set(PARTS) and all(len(ms) == 2 for ms in turns.parts.values())
+    for name in ("create", "publish", "release"):  # round trips: each waited for the proxy
+        assert min(turns.parts[name]) >= DELAY * 1000
+    for index, turn in enumerate(turns.turns):
+        assert min(ms[index] for ms in turns.parts.values()) >= 0
+        assert abs(sum(ms[index] for ms in turns.parts.values()) - turn) < 1e-6

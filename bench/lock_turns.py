@@ -1,0 +1,78 @@
+"""Where a turn of the filesystem lock goes on an object store, from the proxy's log of one run.
+
+A turn runs from one holder's create of ``lock<N>.acquired`` to the next holder's create of
+``lock<N+1>.acquired``. Its parts, one after another:
+
+- ``create``: the holder's create of its lock file, from its arrival at the proxy to its answer;
+- ``to publish``: the holder's work between that answer and its note of what it publishes, which goes out
+  beside the completed file;
+- ``publish``: that note's round trip;
+- ``to release``: from the note's answer to the arrival of the release;
+- ``release``: the release's round trip;
+- ``handoff``: from the release's answer to the arrival of the next holder's create, the time the next
+  waiter takes to learn of the release.
+
+Only turns whose holder published, released and was followed are counted: the others lack a part.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from bench.proxy import Request
+
+_LOCK_FILE = re.compile(r"/\.hoodie/locks/lock([1-9][0-9]*)\.(acquired|released|published)")
+PARTS = ("create", "to publish", "publish", "to release", "release", "handoff")
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The parts of each complete turn of one run, in milliseconds, and the whole turns."""
+
+    parts: dict[str, list[float]]
+    turns: list[float]
+
+    def describe(self) -> str:
+        """One line: the median of each part and of the whole turn, with its quartiles."""
+        if not self.turns:
+            return "no complete turn"
+        medians = ", ".join(f"{name} {statistics.median(ms):.0f}" for name, ms in self.parts.items())
+        low, middle, high = _quartiles(self.turns)
+        return f"{len(self.turns)} turns, median ms: {medians}; turn {middle:.0f} ({low:.0f}-{high:.0f})"
+
+
+def lock_turns(requests: list[Request]) -> Turns:
+    """The anatomy of the lock's turns in ``requests`` (a run's whole log): each lock file's first PUT."""
+    first: dict[tuple[int, str], Request] = {}
+    for request in sorted(requests, key=lambda r: r.began):
+        match = _LOCK_FILE.search(request.path)
+        if request.kind == "PUT" and match is not None:
+            first.setdefault((int(match.group(1)), match.group(2)), request)
+    parts: dict[str, list[float]] = {name: [] for name in PARTS}
+    turns = []
+    for (lock_id, kind), create in sorted(first.items()):
+        note, release = first.get((lock_id, "published")), first.get((lock_id, "released"))
+        following = first.get((lock_id + 1, "acquired"))
+        if kind != "acquired" or note is None or release is None or following is None:
+            continue
+        spans = (
+            (create.began, create.ended),
+            (create.ended, note.began),
+            (note.began, note.ended),
+            (note.ended, release.began),
+            (release.began, release.ended),
+            (release.ended, following.began),
+        )
+        for name, (start, end) in zip(PARTS, spans, strict=True):
+            parts[name].append((end - start) * 1000)
+        turns.append((following.began - create.began) * 1000)
+    return Turns(parts, turns)
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    low, middle, high = statistics.quantiles(values, n=4)
+    return low, middle, high
