@@ -12,6 +12,8 @@ A turn runs from one holder's create of ``lock<N>.acquired`` to the next holder'
 - ``handoff``: from the release's answer to the arrival of the next holder's create, the time the next
   waiter takes to learn of the release.
 
+Each lock file is taken at its first PUT to arrive: for ``.acquired`` that is the create that took the
+lock, unless a losing create arrived within the proxy's delay before it (rare with the waiters' queue).
 Only turns whose holder published, released and was followed are counted: the others lack a part.
 """
 
@@ -44,7 +46,7 @@ class Turns:
 
 
 def lock_turns(requests: list[Request]) -> Turns:
-    """The anatomy of the lock's turns in ``requests`` (a run's whole log): each lock file's first PUT."""
+    """The anatomy of the lock's turns in ``requests``, a run's whole log."""
     first: dict[tuple[int, str], Request] = {}
     for request in sorted(requests, key=lambda r: r.began):
         match = _LOCK_FILE.search(request.path)
