@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from cowrite.errors import CowriteError, LeaseLostError
+from cowrite.errors import CowriteError, LeaseLostError, TxnAlreadyCommittedError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.config import Config
 from cowrite.process import keep
@@ -266,3 +266,14 @@ def _renew_anew_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_anew_after_fork)
+
+
+def abort_reason_of(cause: BaseException | None) -> str:
+    """What :meth:`Heartbeat.mark_aborted` records for a write that gave up because of ``cause``."""
+    if isinstance(cause, WriteConflictError):
+        return "conflict"
+    if isinstance(cause, LeaseLostError):
+        return "lease-lost"
+    if isinstance(cause, TxnAlreadyCommittedError):
+        return "already-committed"
+    return "error"

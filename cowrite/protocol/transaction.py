@@ -39,7 +39,6 @@ from cowrite.errors import (
     InstantGoneError,
     LeaseLostError,
     StorageError,
-    TxnAlreadyCommittedError,
     WriteConflictError,
 )
 from cowrite.format import config as keys
@@ -49,6 +48,7 @@ from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
 from cowrite.format.timeline import Timeline
+from cowrite.protocol import sketch
 from cowrite.protocol.conflict import (
     CHECKED,
     Candidate,
@@ -57,9 +57,9 @@ from cowrite.protocol.conflict import (
     record_key_overlap,
     strategy_named,
 )
-from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
+from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
-from cowrite.protocol.turns import Turns
+from cowrite.protocol.turns import Turns, completed_between
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.together import beside
@@ -245,7 +245,7 @@ class Transaction:
         """Abort while writing if a commit that completed since begin, or a live writer with an earlier
         instant (which wins by this rule), plans to touch one of our file groups."""
         timeline = self.table.timeline()
-        rivals = self._completed_since_begin(timeline) + [
+        rivals = completed_between(self.table, self.begin_timeline, timeline) + [
             Candidate(i, plan)
             for i in timeline.pending()
             if i.action.writes_data
@@ -298,7 +298,11 @@ class Transaction:
             carried = CommittedTxns.of(self.table, self.begin_timeline)
             metadata = self._with_txns(metadata, carried)
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
-            known = self.turns.take(self.begin_timeline, partial(self._fail_while_waiting, metadata, revert))
+            known = self.turns.take(
+                self.begin_timeline,
+                partial(self._fail_while_waiting, metadata, revert),
+                sketch.clearing(self.strategy, metadata, carried.to_json(), self._checks_keys(metadata)),
+            )
             self._publishing = False
             try:
                 reached(Step.LOCKED, self.instant_time)
@@ -328,14 +332,6 @@ class Transaction:
         txns = carried.with_commit(self.options.txn, self.instant_time)
         return replace(metadata, extra={**metadata.extra, **txns.extra(self.options.txn)})
 
-    def _completed_since_begin(self, timeline: Timeline) -> list[Candidate]:
-        """The data commits ``timeline`` shows completed since begin, with their metadata (read at once)."""
-        completed = [
-            i for i in timeline.completed_since(self.begin_timeline.completed_times) if i.action.writes_data
-        ]
-        metadata = self.table.commit_metadata_of(completed)
-        return [Candidate(i, m) for i, m in zip(completed, metadata, strict=True)]
-
     def _publish(
         self,
         metadata: CommitMetadata,
@@ -360,10 +356,14 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
-        # the commits completed meanwhile, read at once (concurrently on object stores): the newest of
-        # them carries the applications' versions
-        candidates = self._completed_since_begin(timeline)
-        current = CommittedTxns.of(self.table, timeline)
+        # the commits completed meanwhile that no sketch ruled out, read at once (concurrently on object
+        # stores); the newest carries the applications' versions: those this write carried from its begin
+        # when its sketch ruled it out
+        cleared = self.turns.cleared
+        candidates = completed_between(self.table, self.begin_timeline, timeline, cleared)
+        newest = timeline.data_commits().in_completion_order()[-1:]
+        ruled_out = bool(newest) and newest[0].requested_time in cleared
+        current = carried if ruled_out else CommittedTxns.of(self.table, timeline)
         if self.options.txn is not None:  # another process of the application may have committed it
             current.check(self.options.txn, self.table.name, self.instant_time)
         if current != carried:
@@ -381,7 +381,9 @@ class Transaction:
         create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
         # The lock's note goes out with the completed file (one round trip for both on an object store);
         # a turn that also publishes a revert is not noted: later holders list the timeline.
-        note = partial(self._note_published, done.file_name) if reverted is None else None
+        note = (
+            partial(self._note_published, sketch.note(done.file_name, metadata)) if reverted is None else None
+        )
         self._publishing = True
         try:
             created = beside(self.table.storage, create, note)
@@ -455,7 +457,7 @@ class Transaction:
                 undo = revert(self, winners, timeline)
         if undo is None:
             self._raise_first(conflicts)
-        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED:
+        if self._checks_keys(metadata):
             completed = [c for c in candidates if c.instant.is_completed]
             for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
                 raise WriteConflictError(
@@ -466,6 +468,10 @@ class Transaction:
                     what="records with the same keys",
                 )
         return undo
+
+    def _checks_keys(self, metadata: CommitMetadata) -> bool:
+        """Whether this write must not insert a record key a rival inserted (see :mod:`.conflict`)."""
+        return self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""
@@ -480,7 +486,7 @@ class Transaction:
         instant = self.instant.requested_time if self.instant else None
         reached(Step.ABORTING, instant, cause=type(cause).__name__ if cause else None)
         if self.heartbeat is not None:
-            self.heartbeat.mark_aborted(_abort_reason(cause))
+            self.heartbeat.mark_aborted(abort_reason_of(cause))
         if self.planned is not None and not (self.instant and self.instant.is_completed):
             for path in own_files(self.planned, self.instant_time):
                 try:
@@ -488,13 +494,3 @@ class Transaction:
                 except CowriteError as exc:  # best effort: the rollback finds them from the plan
                     log.warning("could not delete %s after abort: %s", path, exc)
         self._release_lock()
-
-
-def _abort_reason(cause: BaseException | None) -> str:
-    if isinstance(cause, WriteConflictError):
-        return "conflict"
-    if isinstance(cause, LeaseLostError):
-        return "lease-lost"
-    if isinstance(cause, TxnAlreadyCommittedError):
-        return "already-committed"
-    return "error"

@@ -11,7 +11,8 @@ conflicts with), and once it holds the lock it knows the timeline — the one it
 commits completed — if every turn in between left a usable note. When one did not (a table service's
 turn, an expired holder's, a note whose commit is not there), the timeline is listed under the lock as
 always. On an object store that keeps the lock's critical section to three round trips (``README.md``,
-*What a commit costs*).
+*What a commit costs*). A writer reads only the noted commits whose sketch (:mod:`.sketch`) does not rule
+out every check it makes against them; the others are :attr:`Turns.cleared`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline, instant_named
 from cowrite.protocol.conflict import Candidate
 from cowrite.protocol.locks import TableLock
+from cowrite.protocol.sketch import Clears, Sketch, parse
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ class Turns:
         self._begun = Timeline(())
         self._check: Conflicts | None = None
         self._checked: set[str] = set()  # times of the commits ``_check`` was told of: each only once
+        self._clears: Clears | None = None
+        self.cleared: frozenset[str] = frozenset()  # times of the noted commits their sketches ruled out
 
     def note(self) -> None:
         """Note the lock's last turn; call right before the begin timeline is listed. A failure only
@@ -51,14 +55,18 @@ class Turns:
         except CowriteError as exc:
             log.info("could not note the lock's turn of %s: %s", self.table, exc)
 
-    def take(self, begun: Timeline, check: Conflicts | None = None) -> Timeline | None:
+    def take(
+        self, begun: Timeline, check: Conflicts | None = None, clears: Clears | None = None
+    ) -> Timeline | None:
         """Take the lock; return the timeline as it is under it — ``begun``, listed after the note, with
         what the turns since published — when the lock can tell, else None (list it under the lock).
         Raises what the lock's ``acquire`` raises.
 
         ``check`` is told, while the writer waits for another holder, the data commits the turns so far
         published that completed since ``begun``, each once; what it raises ends the wait (a conflict the
-        check under the lock would find all the same)."""
+        check under the lock would find all the same). Noted commits whose sketch ``clears`` are neither
+        read nor told; they make up :attr:`cleared`."""
+        self._clears, self.cleared = clears, frozenset()
         if not self.lock.acquire_next(self.noted):
             self._begun, self._check, self._checked = begun, check, set()
             self.lock.on_published = self._read_published
@@ -70,12 +78,23 @@ class Turns:
         completed = [i for i in instants if i is not None]
         if len(completed) < len(instants):
             return None
+        cleared = {
+            i.requested_time for i, noted in zip(completed, published, strict=True) if self._ruled_out(noted)
+        }
         try:
-            self.table.commit_metadata_of([i for i in completed if i.action.writes_data])
+            self.table.commit_metadata_of(
+                [i for i in completed if i.action.writes_data and i.requested_time not in cleared]
+            )
         except CowriteError as exc:
             log.info("listing the timeline under the lock: a noted commit cannot be read (%s)", exc)
             return None
+        self.cleared = frozenset(cleared)
         return Timeline([*begun, *completed])
+
+    def _ruled_out(self, noted: str) -> bool:
+        """Whether the sketch in the note ``noted`` rules out every check of its commit."""
+        sketch: Sketch | None = parse(noted)[1]
+        return self._clears is not None and sketch is not None and self._clears(sketch)
 
     def _read_published(self, notes: Mapping[int, str], waiting: bool) -> None:
         """Before this writer holds the lock: read the commits the turns since the note published (reads
@@ -84,7 +103,11 @@ class Turns:
         if self.noted is None:
             return
         after = self.noted
-        instants = [i for lock_id, name in notes.items() if lock_id > after and (i := _completed(name))]
+        instants = [
+            i
+            for lock_id, name in notes.items()
+            if lock_id > after and (i := _completed(name)) and not self._ruled_out(name)
+        ]
         written = [i for i in instants if i.action.writes_data]
         try:
             metadata = self.table.commit_metadata_of(written)
@@ -99,10 +122,23 @@ class Turns:
                 self._checked.update(c.instant.requested_time for c in fresh)
 
 
-def _completed(name: str) -> Instant | None:
+def _completed(noted: str) -> Instant | None:
     """The completed instant a lock's note names; None for any other name."""
     try:
-        instant = instant_named(name)
+        instant = instant_named(parse(noted)[0])
     except InvalidInstantError:
         return None
     return instant if instant is not None and instant.is_completed else None
+
+
+def completed_between(
+    table: Table, begun: Timeline, timeline: Timeline, cleared: frozenset[str] = frozenset()
+) -> list[Candidate]:
+    """The data commits ``timeline`` shows completed since ``begun``, but for ``cleared`` ones, with their
+    metadata (read at once: concurrently on an object store)."""
+    completed = [
+        i
+        for i in timeline.completed_since(begun.completed_times)
+        if i.action.writes_data and i.requested_time not in cleared
+    ]
+    return [Candidate(i, m) for i, m in zip(completed, table.commit_metadata_of(completed), strict=True)]

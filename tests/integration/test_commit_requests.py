@@ -36,6 +36,9 @@ from cowrite.protocol.locks import filesystem
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import LOCK_DIR
+from cowrite.protocol.sketch import MARK
+from cowrite.protocol.transaction import WriteOptions
+from cowrite.protocol.txn import TXNS_KEY, Txn
 from cowrite.steps import Step, observe
 
 NO_RETRY = {keys.RETRIES_ON_CONFLICT.key: "0"}
@@ -223,6 +226,50 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     assert sum(name.endswith(".published.nothing") for name in table.storage.names(LOCK_DIR)) == 1
     expected = [{"id": "a", "part": "p0", "ts": 3, "value": "fast"}, {"id": "b", "part": "p0", "ts": 1,
                 "value": "v"}, {"id": "y", "part": "p8", "ts": 1, "value": "v"},
+                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+@pytest.mark.parametrize("rival", ["another partition", "an application's version"])
+def test_a_writer_leaves_unread_the_commits_whose_sketch_rules_them_out(
+    table: Table, slow_proxy: ProxyProcess, rival: str
+) -> None:
+    """While A writes, B commits and notes its commit with a sketch of it. A takes the turn after B's
+    without listing the timeline. B's sketch rules out every check when B wrote another partition: A
+    commits without reading B's commit. When B carries an application's version, the map of versions A
+    must carry forward changed: A reads B's commit, and its own carries B's version."""
+    proxy = slow_proxy
+    slow, fast = LocalWriter(through(table, proxy, "slow")), LocalWriter(through(table, proxy, "fast"))
+    slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
+    fast.upsert(rows(["y"], part="p8"))
+    if rival == "an application's version":
+        fast = LocalWriter(
+            through(table, proxy, "fast"), WriteOptions(config=table.config, txn=Txn("app", 7))
+        )
+
+    done: list[Instant | None] = []
+
+    def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is Step.WRITTEN and not done:
+            with observe(lambda *_: None):
+                done.append(fast.upsert(rows(["y"], part="p8", ts=3, value="fast")))
+
+    proxy.reset()
+    with observe(meanwhile):
+        mine = slow.upsert(rows(["a"], ts=4, value="slow"))
+    assert done[0] is not None and mine is not None
+    read_b = [r for r in proxy.reset() if r.client == "slow" and unquote(r.path).endswith(done[0].file_name)]
+    assert len(read_b) == (rival == "an application's version")
+    carried = table.commit_metadata(mine).extra[TXNS_KEY]
+    assert ('"app"' in carried) == (rival == "an application's version")
+    notes = [n for n in table.storage.names(LOCK_DIR) if ".published." in n and "nothing" not in n]
+    assert {n.split(".published.")[1].partition(MARK)[0] for n in notes} >= {
+        done[0].file_name,
+        mine.file_name,
+    }
+    assert all(MARK in n for n in notes)
+    expected = [{"id": "a", "part": "p0", "ts": 4, "value": "slow"}, {"id": "b", "part": "p0", "ts": 1,
+                "value": "v"}, {"id": "y", "part": "p8", "ts": 3, "value": "fast"},
                 {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 

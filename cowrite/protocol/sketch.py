@@ -1,0 +1,140 @@
+"""What a turn's note tells the writers after it about the commit it published, so most need not read it.
+
+A writer that takes the lock after other turns published commits checks each for a conflict (the file
+groups it touched, the record keys it inserted) and carries forward the newest map of applications'
+versions (:mod:`.txn`). On an object store every commit it reads is a request, and a busy table publishes
+several commits during one write. So the note a writer's turn leaves (:mod:`.turns`) names, after the
+completed file, a sketch of the commit: Bloom filters of the file groups it touched and of the partitions it
+inserted record keys into, and a digest of the map of versions it carries. A rival whose sketch rules out
+all three checks — no file group of mine, no partition I inserted into, the map I carry — is left unread;
+one it cannot rule out (a filter's "maybe", too many file groups to sketch, keys inserted without a
+summary, a note without a sketch) is read and checked as before.
+
+A filter never says "no" for a member, so the sketch rules out only what the commit itself would.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.protocol.conflict import INSERTING, ConflictStrategy, file_group_overlap, inserted_keys
+from cowrite.protocol.key_summary import Bloom
+from cowrite.protocol.txn import TXNS_KEY
+
+MARK = ".sketch-"  # between the completed file's name and its sketch in a note
+# A filter of more members is not sketched (rivals read the commit): a note's name stays under 255 bytes.
+MOST_MEMBERS = 24
+_UNKNOWN = "x"
+
+# Whether a rival's sketch rules out every check this writer makes against that rival's commit.
+Clears = Callable[["Sketch"], bool]
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """A commit at a glance. ``None`` in a field: that question needs the commit read."""
+
+    groups: Bloom | None  # "partition/file id" of every file group it wrote or replaced
+    inserted: Bloom | None  # the partitions it inserted record keys into
+    txns: str | None  # the digest of the map of applications' versions it carries
+
+    @classmethod
+    def of(cls, metadata: CommitMetadata) -> Sketch:
+        groups = _bloom(_group_names(metadata.touched_file_groups))
+        carried = metadata.extra.get(TXNS_KEY)
+        return cls(
+            groups, _bloom(_inserted_partitions(metadata)), digest(carried) if carried is not None else None
+        )
+
+    def to_text(self) -> str:
+        return "-".join([_bloom_text(self.groups), _bloom_text(self.inserted), self.txns or _UNKNOWN])
+
+    @classmethod
+    def from_text(cls, text: str) -> Sketch | None:
+        """The sketch ``text`` names; None for anything else (a damaged or foreign note: read the commit)."""
+        fields = text.split("-")
+        if len(fields) != 3:
+            return None
+        try:
+            groups, inserted = _bloom_of(fields[0]), _bloom_of(fields[1])
+        except ValueError:
+            return None
+        txns = fields[2] if fields[2] != _UNKNOWN else None
+        return cls(groups, inserted, txns)
+
+
+def note(completed_file: str, metadata: CommitMetadata) -> str:
+    """What a turn notes for the completed file it published with ``metadata``."""
+    return f"{completed_file}{MARK}{Sketch.of(metadata).to_text()}"
+
+
+def parse(noted: str) -> tuple[str, Sketch | None]:
+    """The completed file's name a note names, and its sketch (None when it has none)."""
+    name, mark, text = noted.partition(MARK)
+    return name, Sketch.from_text(text) if mark else None
+
+
+def clearing(
+    strategy: ConflictStrategy, mine: CommitMetadata, carried: str, key_check: bool
+) -> Clears | None:
+    """Whether a rival's sketch rules out, for a writer committing ``mine`` that carried the map of
+    versions ``carried`` (its JSON) from its begin, the file-group check, the record-key check (when
+    ``key_check``) and a change of that map. None for a ``strategy`` of one's own, which may look at
+    anything in a rival's commit."""
+    my_partitions = _inserted_partitions(mine)
+    if strategy is not file_group_overlap or (key_check and my_partitions is None):
+        return None  # (my keys known only from my files: every rival's are read)
+    my_groups = _group_names(mine.touched_file_groups)
+    carried_digest = digest(carried)
+
+    def clears(theirs: Sketch) -> bool:
+        if theirs.txns != carried_digest or theirs.groups is None:
+            return False
+        if any(name in theirs.groups for name in my_groups):
+            return False
+        return not key_check or (
+            theirs.inserted is not None and not any(p in theirs.inserted for p in my_partitions or ())
+        )
+
+    return clears
+
+
+def digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _group_names(groups: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"{partition}/{file_id}" for partition, file_id in groups]
+
+
+def _inserted_partitions(metadata: CommitMetadata) -> list[str] | None:
+    """The partitions ``metadata`` inserted keys into; None when only its files can tell."""
+    summary = inserted_keys(metadata)
+    if summary is not None:
+        return sorted(summary.partitions)
+    return None if metadata.operation in INSERTING else []
+
+
+def _bloom(members: list[str] | None) -> Bloom | None:
+    if members is None or len(members) > MOST_MEMBERS:
+        return None
+    return Bloom.of(members, len(members))
+
+
+def _bloom_text(bloom: Bloom | None) -> str:
+    if bloom is None:
+        return _UNKNOWN
+    return base64.b32encode(bloom.data).decode().rstrip("=").lower()
+
+
+def _bloom_of(text: str) -> Bloom | None:
+    if text == _UNKNOWN:
+        return None
+    data = base64.b32decode(text.upper() + "=" * (-len(text) % 8))
+    if not data:
+        raise ValueError("an empty filter")
+    return Bloom(8 * len(data), data)
