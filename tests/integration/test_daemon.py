@@ -67,6 +67,7 @@ from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock
+from cowrite.protocol.sketch import MARK
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 LOCK_WORKER = TESTS / "support" / "lock_worker.py"
@@ -311,11 +312,12 @@ def test_lock_waits_are_observed_and_old_lock_files_collected(target: Target) ->
         assert highest == 6  # the blocker's lock, then one per write (to commit)
         kept = range(highest - 3, highest + 1)
         expected = {f"lock{i}.{kind}" for i in kept for kind in ("acquired", "released")}
-        # every writer's turn left a note of what it published (lock<id>.published.<file>): those of the
-        # kept turns stay, older ones go with their locks
+        # every writer's turn left a note of what it published (lock<id>.published.<file>, then a sketch
+        # of the commit): those of the kept turns stay, older ones go with their locks
         expected |= {f"lock{i}.published.{c.file_name}" for i, c in zip(kept, commits[-4:], strict=True) if c}
         wait_until(
-            lambda: {i.name for i in table.storage.list(LOCK_DIR)} == expected, "old lock files collected"
+            lambda: {i.name.partition(MARK)[0] for i in table.storage.list(LOCK_DIR)} == expected,
+            "old lock files collected",
         )
         wait_until(
             lambda: count(daemon, "cowrite_lock_wait_seconds_count", table="orders") == 6, "lock waits"
