@@ -4,11 +4,10 @@ A turn runs from one holder's create of ``lock<N>.acquired`` to the next holder'
 ``lock<N+1>.acquired``. Its parts, one after another:
 
 - ``create``: the holder's create of its lock file, from its arrival at the proxy to its answer;
-- ``to publish``: the holder's work between that answer and its note of what it publishes, which goes out
-  beside the completed file;
-- ``publish``: that note's round trip;
-- ``to release``: from the note's answer to the arrival of the release;
-- ``release``: the release's round trip;
+- ``to publish``: the holder's work between that answer and the create of its completed file;
+- ``publish``: that create's round trip;
+- ``to release``: from its answer to the arrival of the release;
+- ``release``: the release's round trip: the note of what the turn published, or ``lock<N>.released``;
 - ``handoff``: from the release's answer to the arrival of the next holder's create, the time the next
   waiter takes to learn of the release.
 
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from bench.proxy import Request
 
 _LOCK_FILE = re.compile(r"/\.hoodie/locks/lock([1-9][0-9]*)\.(acquired|released|published)")
+_COMPLETED = re.compile(r"/\.hoodie/timeline/[0-9]+_[0-9]+\.[a-z]+$")  # created only under the lock
 PARTS = ("create", "to publish", "publish", "to release", "release", "handoff")
 
 
@@ -48,22 +48,29 @@ class Turns:
 def lock_turns(requests: list[Request]) -> Turns:
     """The anatomy of the lock's turns in ``requests``, a run's whole log."""
     first: dict[tuple[int, str], Request] = {}
+    completed = []
     for request in sorted(requests, key=lambda r: r.began):
         match = _LOCK_FILE.search(request.path)
         if request.kind == "PUT" and match is not None:
-            first.setdefault((int(match.group(1)), match.group(2)), request)
+            kind = "acquired" if match.group(2) == "acquired" else "released"
+            first.setdefault((int(match.group(1)), kind), request)
+        elif request.kind == "PUT" and _COMPLETED.search(request.path):
+            completed.append(request)
     parts: dict[str, list[float]] = {name: [] for name in PARTS}
     turns = []
     for (lock_id, kind), create in sorted(first.items()):
-        note, release = first.get((lock_id, "published")), first.get((lock_id, "released"))
-        following = first.get((lock_id + 1, "acquired"))
-        if kind != "acquired" or note is None or release is None or following is None:
+        release, following = first.get((lock_id, "released")), first.get((lock_id + 1, "acquired"))
+        if kind != "acquired" or release is None or following is None:
             continue
+        published = [r for r in completed if create.ended <= r.began and r.ended <= release.began]
+        if not published:
+            continue
+        publish = published[0]
         spans = (
             (create.began, create.ended),
-            (create.ended, note.began),
-            (note.began, note.ended),
-            (note.ended, release.began),
+            (create.ended, publish.began),
+            (publish.began, publish.ended),
+            (publish.ended, release.began),
             (release.began, release.ended),
             (release.ended, following.began),
         )

@@ -52,6 +52,7 @@ from typing import Any
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
 from bench.lock_turns import Turns, lock_turns
 from bench.proxy import DelayingProxy, Request, sequential
+from cowrite.protocol.locks.lock_files import is_release
 
 BUCKET = "cowrite-bench"
 SECRET = "cowrite-bench-secret"
@@ -198,7 +199,8 @@ def lock_hold(mine: list[Request], held: tuple[float, float]) -> list[Request]:
     returned, and the release itself, which cowrite makes in the background on an object store."""
     taken, returned = held
     made = inside(mine, held)
-    releases = [r for r in mine if r.path.endswith(".released") and taken <= r.began]
+    ended = [r for r in mine if r.kind == "PUT" and is_release(r.path.rsplit("/", 1)[-1])]
+    releases = [r for r in ended if taken <= r.began]  # a .released file or the turn's note
     release = min(releases, key=lambda r: r.began, default=None)
     return made if release is None or release in made else [*made, release]
 

@@ -311,7 +311,8 @@ class TimelineFollower:
                 if not released:
                     holder = holder_or_unknown(self.storage, lock_id)
                     events.append(LockAcquired(lock_id, holder, info.modified if info else None))
-                elif info is not None and info.size == 0:  # a holder's own release is empty
+                elif not name.endswith(".released") or (info is not None and info.size == 0):
+                    # a holder's own release, a note or an empty .released file
                     events.append(LockReleased(lock_id, expired=False))
                 else:
                     reason = read_release(self.storage, lock_id).get("reason")

@@ -311,7 +311,7 @@ class Transaction:
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
                 if not self._publishing:  # a turn that published nothing says so: later holders need not list
-                    self._note_published(None)
+                    self.lock.note_published(None)
                 self._release_lock()
         except CommitStateUnknownError:
             self.heartbeat.stop(delete=False)
@@ -378,15 +378,9 @@ class Transaction:
         reached(Step.CHECKED, self.instant_time)
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
-        create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
-        # The lock's note goes out with the completed file (one round trip for both on an object store);
-        # a turn that also publishes a revert is not noted: later holders list the timeline.
-        note = (
-            partial(self._note_published, sketch.note(done.file_name, metadata)) if reverted is None else None
-        )
         self._publishing = True
         try:
-            created = beside(self.table.storage, create, note)
+            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
@@ -394,19 +388,15 @@ class Transaction:
             ) from exc
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
+        # the lock's release names the commit, now that it exists; a turn that also publishes a revert
+        # is not noted: later holders list the timeline
+        if reverted is None:
+            self.lock.note_published(sketch.note(done.file_name, metadata))
         self.table.published(done, payload)
         self.instant = done
         if reverted is not None:
             self._publish_revert(reverted, metadata.extra[TXNS_KEY])
         return done
-
-    def _note_published(self, published: str | None) -> None:
-        """Note the completed file ``published`` (None: nothing) with the lock for later holders; a note
-        that cannot be made only costs them a listing."""
-        try:
-            self.lock.note_published(published)
-        except CowriteError as exc:
-            log.info("could not note %s with the lock of %s: %s", published, self.table, exc)
 
     def _being_rolled_back(self, timeline: Timeline) -> bool:
         """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after

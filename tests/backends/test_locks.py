@@ -32,18 +32,28 @@ from cowrite.errors import ConfigError, CorruptTimelineError, LeaseLostError, Lo
 from cowrite.format import config as keys
 from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_path
-from cowrite.protocol.locks import InProcessLock, LockHolder, TableLock, filesystem, lock_files, lock_for
+from cowrite.protocol.locks import (
+    InProcessLock,
+    LockHolder,
+    TableLock,
+    filesystem,
+    lock_files,
+    lock_for,
+    releases,
+)
 from cowrite.protocol.locks.factory import zookeeper_hosts
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
     acquired_path,
     collect_garbage,
+    collectable,
     current_lock,
     expire_stale_lock,
     queued_path,
     read_release,
     released_path,
+    scan,
 )
 from cowrite.protocol.locks.zookeeper import ZooKeeperLock
 from cowrite.protocol.retry import RetryPolicy
@@ -278,13 +288,13 @@ def test_the_next_turn_of_a_process_waits_for_its_release_made_in_the_background
     notes the turn from a listing that still shows that lock held, counts it as free all the same (the
     release is its own), and takes the next turn with one try once the release is there."""
     answer = threading.Event()
-    write_release = filesystem.write_release
+    write_release = releases.write_release
 
     def held_back(*args: Any) -> bool:
         assert answer.wait(timeout=10)
         return write_release(*args)
 
-    monkeypatch.setattr(filesystem, "write_release", held_back)
+    monkeypatch.setattr(releases, "write_release", held_back)
     first = fs_lock(s3_storage, LockHolder(owner="first"))
     first.acquire(timeout=5)
     first.release()
@@ -310,7 +320,7 @@ def test_a_release_that_failed_in_the_background_is_not_taken_for_one(
     first.acquire(timeout=5)
     following = fs_lock(s3_storage, LockHolder(owner="following"))
     assert following.turn() == 0
-    monkeypatch.setattr(filesystem, "write_release", failing)
+    monkeypatch.setattr(releases, "write_release", failing)
     with caplog.at_level(logging.WARNING, logger="cowrite.storage.together"):
         first.release()
         assert following.turn() == 1
@@ -882,6 +892,33 @@ def test_factory_without_kazoo_says_what_to_install(monkeypatch: pytest.MonkeyPa
         lock_for(Storage.for_uri("memory://t"), config, LockHolder(), PATIENT, "t")
 
 
+def test_a_turn_that_noted_what_it_published_ends_with_the_note(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The note is the release: one file, made once the completed file it names exists, that waiters
+    read as the end of the turn and holders collect with the turn's other files."""
+    monkeypatch.setattr(lock_files, "COLLECTABLE_AGE", 0.0)
+    published = "20261126000000001_20261126000000002.commit"
+    first = fs_lock(storage, LockHolder(owner="writer-1"))
+    first.acquire(timeout=5)
+    first.note_published(published)
+    assert lock_ids(storage) == ["lock1.acquired"]  # noted when it is released
+    waiter = fs_lock(storage)
+    with pytest.raises(LockTimeoutError):
+        waiter.acquire(timeout=0.2)
+    first.release()
+    finish_background()
+    assert lock_ids(storage) == ["lock1.acquired", f"lock1.published.{published}"]
+    assert not scan(storage).is_held(1) and scan(storage).published == {1: published}
+    waiter.acquire(timeout=5)
+    assert waiter.lock_id == 2 and waiter.published_since(0) == [published]
+    waiter.release()
+    finish_background()
+    note = f"lock1.published.{published}"
+    assert lock_ids(storage) == ["lock1.acquired", note, "lock2.acquired", "lock2.released"]
+    assert collectable(storage, scan(storage), 2) == ([acquired_path(1)], [f"{LOCK_DIR}/{note}"])
+
+
 @pytest.mark.usefixtures("every_taker_confirms")
 def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(storage: Storage) -> None:
     """Holders collect old lock files every few turns. A writer that saw a turn's note on one of its tries
@@ -901,10 +938,12 @@ def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(s
     waiter = fs_lock(storage)
     noted = waiter.turn()
     assert noted == 0  # lock1 is held
+    holding.release()
+    holding = turn_of(2)
 
-    # On each of the waiter's tries that finds the lock held, the others take some turns: 2-4, then 5-9
-    # (lock8's holder collects ids 1..4); on the third, the last holder goes.
-    batches = iter([range(2, 5), range(5, 10)])
+    # On each of the waiter's tries that finds the lock held (and a note), the others take some turns:
+    # 3-4, 5-6, then 7-9 (lock8's holder collects ids 1..4); on the fourth, the last holder goes.
+    batches = iter([range(3, 5), range(5, 7), range(7, 10)])
 
     def others_take_turns(notes: object, waiting: bool) -> None:
         nonlocal holding
@@ -918,7 +957,9 @@ def test_a_waiter_keeps_the_notes_it_saw_after_their_lock_files_were_collected(s
     waiter.on_published = others_take_turns
     waiter.acquire(timeout=10)
     assert waiter.lock_id == 10
-    collected = {f"lock{i}.{kind}" for i in range(1, 5) for kind in ("acquired", "released")}
+    collected = {
+        name for i in range(1, 5) for name in (f"lock{i}.acquired", f"lock{i}.published.{published(i)}")
+    }
     wait_until(lambda: not collected & set(lock_ids(storage)), "the files of ids 1-4 to go")
     assert waiter.published_since(noted) == [published(n) for n in range(1, 10)]
     waiter.release()
@@ -956,5 +997,6 @@ def test_the_turns_since_a_noted_one_tell_what_they_published(storage: Storage) 
     assert last.published_since(turn) is None and last.published_since(4) == []
     last.release()
     assert {name for name in storage.names(LOCK_DIR) if ".published." in name} == {
-        f"lock1.published.{published}", "lock2.published.nothing"
+        f"lock1.published.{published}",
+        "lock2.published.nothing",
     }

@@ -171,10 +171,9 @@ def test_a_write_on_s3_releases_the_lock_before_the_process_ends(s3_server: S3Se
         wrote = cowrite("write", table, "--input", str(inputs / "first.csv"), env=env)
         assert wrote.returncode == 0, wrote.stderr
     locks = Storage.for_uri(table, **s3_server.storage_options()).names(LOCK_DIR)
-    assert sorted(name for name in locks if not name.startswith("lock1.published.")) == [
-        "lock1.acquired",
-        "lock1.released",
-    ]
+    # the turn's note of its commit is its release
+    assert len(locks) == 2 and "lock1.acquired" in locks
+    assert any(name.startswith("lock1.published.") for name in locks)
 
 
 def test_output_formats_and_meta_columns(tmp_path: Path, inputs: Path) -> None:

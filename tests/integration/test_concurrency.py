@@ -467,7 +467,7 @@ def test_disjoint_writers_started_together_all_commit(
         assert lock is not None and lock.lock_id >= WRITERS  # a lock turn to commit; begin takes none
         released = [i.name for i in target.storage.list(LOCK_DIR) if i.name.endswith(".released")]
         reasons = {read_release(target.storage, int(name[4:].split(".")[0]))["reason"] for name in released}
-        assert reasons == {"released"}, "a live writer's lock was expired"
+        assert reasons <= {"released"}, "a live writer's lock was expired"  # (most turns end with a note)
     else:
         assert zookeeper_contenders(request.getfixturevalue("zookeeper_server"), target) == []
 

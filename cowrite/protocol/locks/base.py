@@ -109,9 +109,10 @@ class TableLock(ABC):
         return None
 
     def note_published(self, published: str | None) -> None:
-        """Note, for later holders, that this turn publishes the completed file ``published`` (None:
-        nothing) and changes nothing else; call before :meth:`release`, at most once a turn. Raises what
-        the storage raises (the note is then missing: later holders list the timeline)."""
+        """Note, for later holders, that this turn published the completed file ``published`` (None:
+        nothing) and changed nothing else: call once that file exists, before :meth:`release`, at most
+        once a turn. The release tells them; a turn released without a note makes them list the
+        timeline."""
         return None  # a provider without turns has nobody to tell
 
     def _policy(self, timeout: float | None) -> RetryPolicy:

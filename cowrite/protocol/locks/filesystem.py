@@ -7,9 +7,8 @@ lock file is older than the tolerance) is expired by a contender or by the daemo
 :meth:`FileSystemLock.check_held` then raises :class:`~cowrite.errors.LeaseLostError`, and a
 writer asks right before it publishes, so it never completes an instant after losing the lock.
 
-**Release.** On an object store a holder's release is made in the background: what it ends (a commit)
-is complete, and nobody in the process needs its answer. The process's next try for the same table's
-lock waits for it first, so its turns never overlap; a listing that raced it counts that lock as free.
+**Release.** A writer's turn ends with its note, any other with ``lock<id>.released``; on an object
+store in the background (:mod:`.releases`).
 
 **The queue.** On an object store nothing tells a waiter of a release, so waiters queue instead of all
 asking at every release (``lock<id>.queued``, :mod:`.lock_files`): a waiter asks a little before its turn
@@ -26,13 +25,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import replace
 from enum import Enum
 from functools import partial
 
 from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
-from cowrite.process import keep_mapping
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder, TableLock
 from cowrite.protocol.locks.lock_files import (
@@ -49,13 +46,14 @@ from cowrite.protocol.locks.lock_files import (
     describe_release,
     expire_lock,
     holder_or_unknown,
-    note_path,
+    is_release,
     queued_path,
     released_path,
     scan,
     staleness,
     write_release,
 )
+from cowrite.protocol.locks.releases import end_turn, hold_seconds, releasing, settle
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
 from cowrite.storage.together import beside, in_background
@@ -77,23 +75,6 @@ _LEAVE_AT_LEAST = 0.25
 # A queued waiter lists again after at most that many holds: places of waiters that died or gave up
 # count as turns ahead of it, and must not keep it from looking for long.
 _QUEUE_HORIZON = 8
-
-_HOLD_SECONDS: dict[str, float] = keep_mapping(
-    "cowrite.protocol.locks.filesystem._HOLD_SECONDS",
-    {},
-    "a number per table whose lock this process held",
-    "how long this process held each table's lock lately: on an object store, where every try is a "
-    "request, a waiter pauses about that long between tries",
-)
-
-
-_RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
-    "cowrite.protocol.locks.filesystem._RELEASING",
-    {},
-    "one release per table whose lock this process released",
-    "on an object store a release is made in the background: the process's next try for that table's "
-    "lock waits for it",
-)
 
 
 class _Outcome(Enum):
@@ -135,6 +116,7 @@ class FileSystemLock(TableLock):
         self._first_seen: int | None = None  # the highest id this waiter's first try saw
         self._held_since = 0.0  # time.monotonic() when this object asked for the lock it holds
         self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
+        self._noted: str | None = None  # what the turn this object holds published, once it says
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         self._highest = 0  # the highest id of this waiter's last listing
         self._asked = 0.0  # seconds that listing took
@@ -154,7 +136,7 @@ class FileSystemLock(TableLock):
 
     def acquire(self, timeout: float | None = None) -> None:
         policy = self._policy(timeout)
-        _settle(self.storage.uri)
+        settle(self.storage.uri)
         self._seen = self._waited_for = self._first_seen = self._place = self._left = None
         self._waiting_since = time.monotonic()
         # On an object store, where nothing tells of a release and every try is a request, waiters pause
@@ -170,7 +152,7 @@ class FileSystemLock(TableLock):
 
     def _wait_and_take(self, policy: RetryPolicy) -> None:
         # Watching from before the first try, a release between a try and the wait cannot go unnoticed.
-        with self.storage.new_files(LOCK_DIR, wanted=lambda name: name.endswith(".released")) as releases:
+        with self.storage.new_files(LOCK_DIR, wanted=is_release) as releases:
             for _ in replace(policy, sleep=releases.wait).attempts():
                 if not releases.woken:
                     if self._try() is _Outcome.ACQUIRED:
@@ -195,12 +177,12 @@ class FileSystemLock(TableLock):
 
     def _overtaken(self) -> bool:
         """Whether another waiter already took the lock that follows the one we waited for (a holder
-        that just took it cannot be stale: it needs no judging)."""
+        that just took it cannot be stale: it needs no judging). Asked when a release woke this waiter,
+        on local disk, where the lock directory's listing is kept current."""
         if self._waited_for is None:
             return False
         following = self._waited_for + 1
-        taken = self.storage.exists(acquired_path(following))
-        if taken and not self.storage.exists(released_path(following)):
+        if scan(self.storage).is_held(following):
             self._waited_for = following
             return True
         return False
@@ -209,7 +191,7 @@ class FileSystemLock(TableLock):
         """The id of the last lock released (one listing): lock ids name the turns."""
         files = self._last = scan(self.storage)
         self._notes = dict(files.published)
-        if files.is_held(files.highest) and not _releasing(self.storage.uri, files.highest):
+        if files.is_held(files.highest) and not releasing(self.storage.uri, files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
         # a turn a waiter queued for is left to it: acquire_next would take it with no listing
@@ -224,7 +206,7 @@ class FileSystemLock(TableLock):
         listed_at = self._last.listed_at
         if listed_at is not None and time.monotonic() - listed_at >= FRESH_VIEW:
             return False  # a listing first costs what one confirming the create would, and spares a create
-        if _settle(self.storage.uri) == turn:
+        if settle(self.storage.uri) == turn:
             return False  # our own release of ``turn`` failed: it is still held
         self._waiting_since = time.monotonic()
         return self._take(turn + 1) is _Outcome.ACQUIRED
@@ -241,8 +223,9 @@ class FileSystemLock(TableLock):
         return [name for lock_id in between if (name := notes[lock_id]) != NOTHING]
 
     def note_published(self, published: str | None) -> None:
+        """Noted by the release (:mod:`.releases`): made once the completed file exists."""
         if self._id is not None:
-            self.storage.create_if_absent(note_path(self._id, published), b"")
+            self._noted = published or NOTHING
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
@@ -262,7 +245,7 @@ class FileSystemLock(TableLock):
     def _hold(self) -> float:
         """How long a hold of the lock lasts, from this process's last holds; before it held the lock,
         guessed from its last listing (a hold is four requests, one after another)."""
-        return min(_LONGEST_PACE, _HOLD_SECONDS.get(self.storage.uri) or 4 * self._asked)
+        return min(_LONGEST_PACE, hold_seconds(self.storage.uri) or 4 * self._asked)
 
     def _try_acquire(self) -> _Outcome:
         asked = time.monotonic()
@@ -363,7 +346,7 @@ class FileSystemLock(TableLock):
         return self._taken(candidate, asked)
 
     def _taken(self, lock_id: int, asked: float) -> _Outcome:
-        self._id, self._held_since = lock_id, asked
+        self._id, self._held_since, self._noted = lock_id, asked, None
         if self._place is not None and self._place > lock_id:
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
@@ -423,7 +406,8 @@ class FileSystemLock(TableLock):
         )
 
     def release(self) -> None:
-        """Create ``lock<id>.released``; a lock already expired by someone else is only logged.
+        """Create this turn's note, or ``lock<id>.released`` when it noted nothing; a lock already expired
+        by someone else is only logged.
 
         On local disk a storage failure leaves the lock held (and ``release`` may be called again). On an
         object store the release is made in the background, and a failure there is only logged. A lock
@@ -432,10 +416,7 @@ class FileSystemLock(TableLock):
         lock_id = self._id
         if lock_id is None:
             return
-        give_back = partial(self._give_back, lock_id, self.holder.owner, self._held_since)
-        releasing = in_background(self.storage, give_back, f"releasing table lock {lock_id}")
-        if releasing is not None:
-            _RELEASING[self.storage.uri] = (lock_id, releasing)
+        end_turn(self.storage, lock_id, self.holder.owner, self._held_since, self._noted, self.now)
         self._id = None
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
         # go, so the stale-view check above (our id must be the highest) still holds. Every
@@ -448,19 +429,6 @@ class FileSystemLock(TableLock):
                 collect = partial(delete_in_order, self.storage, acquired, others)
                 in_background(self.storage, collect, "collecting old lock files")
         self._notes = {}
-
-    def _give_back(self, lock_id: int, owner: str, held_since: float) -> None:
-        if not write_release(self.storage, lock_id, owner, ReleaseReason.RELEASED, self.now()):
-            log.warning(
-                "table lock %d on %s of %s was already released: %s",
-                lock_id,
-                self.storage.uri,
-                owner,
-                describe_release(self.storage, lock_id),
-            )
-        held = time.monotonic() - held_since  # as waiters see it: from the create to the release
-        before = _HOLD_SECONDS.get(self.storage.uri)
-        _HOLD_SECONDS[self.storage.uri] = held if before is None else (before + held) / 2
 
     def check_held(self) -> None:
         lock_id = self._id
@@ -480,20 +448,3 @@ class FileSystemLock(TableLock):
             f"{self.holder.instant or 'none'}) was lost: {how}. Whatever it was doing must not be published; "
             "a writer that lost its lock aborts its instant"
         )
-
-
-def _releasing(uri: str, lock_id: int) -> bool:
-    """Whether this process's release of ``lock_id`` on ``uri`` is underway or done."""
-    pending = _RELEASING.get(uri)
-    return pending is not None and pending[0] == lock_id
-
-
-def _settle(uri: str) -> int | None:
-    """Wait for this process's release of the lock of the table at ``uri``, if one is underway; return
-    the lock's id if that release failed (the lock is then held until it expires), else None."""
-    pending = _RELEASING.pop(uri, None)
-    if pending is None:
-        return None
-    lock_id, released = pending
-    return None if released.result() else lock_id
-

@@ -8,23 +8,24 @@ Files, each created once with create-if-absent and never rewritten:
 - ``lock<id>.acquired``: :meth:`LockHolder.to_bytes` of whoever took lock ``id``;
 - ``lock<id>.released``: JSON ``{"owner", "reason", "time"}`` — who released it, ``released`` by the holder
   or ``expired`` by someone else, and when (seconds since the epoch);
-- ``lock<id>.published.<completed instant file>`` (empty): what the holder of a writer's turn published,
-  created beside the completed file and before the release; ``lock<id>.published.nothing`` for a
-  writer's turn that published nothing (it lost a conflict)
-  (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.note_published`). A turn without one changed
-  what nobody can tell from the lock directory (a table service, an expired holder). A later holder who
-  saw the timeline before some turn, and finds a note for every turn since, knows the timeline's
-  completed part without listing it. Readers of the lock that do not know the notes ignore them: they
-  are not lock files.
+- ``lock<id>.published.<completed instant file>`` (empty): what the holder of a writer's turn published
+  (the name may go on with a sketch of the commit, :mod:`cowrite.protocol.sketch`), created once the
+  completed file exists, as the holder's release (:mod:`.releases`); ``lock<id>.published.nothing`` for
+  a writer's turn that published nothing (it lost a conflict). A turn without one changed what nobody can
+  tell from the lock directory (a table service, an expired holder, a writer that could not tell whether
+  its completed file was created): it ends with ``lock<id>.released``. A later holder who saw the
+  timeline before some turn, and finds a note for every turn since, knows the timeline's completed part
+  without listing it.
 - ``lock<id>.queued`` (empty): a waiter's place in the queue, on an object store: it means to take lock
   ``id`` once lock ``id - 1`` is released, and others leave that id to it for a while
   (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.acquire`). A place decides nobody's turn:
   the lock is still whoever created ``lock<id>.acquired``. It only lets waiters ask when their turn
   has come instead of all asking at every release.
 
-The lock is held by the holder of the highest id while no ``lock<id>.released`` exists for it. Ids are
-positive integers compared as numbers and only grow: acquiring means creating ``lock<N+1>.acquired`` when
-``lock<N>`` is released. Works on every storage whose ``create_if_absent`` is atomic.
+The lock is held by the holder of the highest id while no ``lock<id>.released`` and no note exists for
+it. Ids are positive integers compared as numbers and only grow: acquiring means creating
+``lock<N+1>.acquired`` when ``lock<N>`` is released. Works on every storage whose ``create_if_absent``
+is atomic.
 
 **Collecting old files.** Once the files of lock ``N+1`` are gone, ``lock<N+1>.acquired`` can be created
 again by a contender whose listing still shows ``lock<N>`` as the last: a stale view, which the taker's
@@ -105,9 +106,10 @@ class LockFiles:
     listing has names only."""
 
     acquired: frozenset[int]
-    released: frozenset[int]
+    released: frozenset[int]  # by a note or a ``.released`` file
     published: Mapping[int, str] = field(default_factory=dict)  # the notes: id -> completed file name
     queued: frozenset[int] = frozenset()  # the ids waiters queued for
+    release_files: frozenset[int] = frozenset()  # the ids with a ``.released`` file
     acquired_at: Mapping[int, float] = field(default_factory=dict)
     listed_at: float | None = None
 
@@ -148,7 +150,7 @@ def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[st
         seen, now = _FIRST_SEEN.get(storage.uri, {}), time.monotonic()
         ids = [i for i in ids if now - seen.get(i, now) >= COLLECTABLE_AGE]
     acquired = [acquired_path(i) for i in ids if i in files.acquired]
-    others = [released_path(i) for i in ids]
+    others = [released_path(i) for i in ids if i in files.release_files]
     others += [note_path(i, files.published[i]) for i in ids if i in files.published]
     others += [queued_path(i) for i in sorted(files.queued) if i < below]
     return acquired, others
@@ -157,25 +159,35 @@ def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[st
 @memo(16, "pure; a kept listing is the same object until the lock directory changes")
 def files_named(names: frozenset[str]) -> LockFiles:
     acquired: set[int] = set()
-    released: set[int] = set()
+    release_files: set[int] = set()
     published: dict[int, str] = {}
     queued: set[int] = set()
     for name in names:
-        parsed = parse_lock_file(name)
-        if parsed is not None:
-            (released if parsed[1] else acquired).add(parsed[0])
-        elif (note := _NOTE.fullmatch(name)) is not None:
+        if (note := _NOTE.fullmatch(name)) is not None:
             published[int(note.group(1))] = note.group(2)
+        elif (parsed := parse_lock_file(name)) is not None:
+            (release_files if parsed[1] else acquired).add(parsed[0])
         elif (place := _QUEUED.fullmatch(name)) is not None:
             queued.add(int(place.group(1)))
-    return LockFiles(frozenset(acquired), frozenset(released), published, frozenset(queued))
+    released = frozenset(release_files | published.keys())
+    return LockFiles(
+        frozenset(acquired), released, published, queued=frozenset(queued), release_files=frozenset(release_files)
+    )
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
 def parse_lock_file(name: str) -> tuple[int, bool] | None:
-    """(id, whether it is a release) of a lock file's name, None for any other name."""
-    match = _LOCK_FILE.fullmatch(name)
-    return (int(match.group(1)), match.group(2) == "released") if match else None
+    """(id, whether it is a release: a ``.released`` file or a note) of a lock file's name, None for any
+    other name."""
+    if (match := _LOCK_FILE.fullmatch(name)) is not None:
+        return int(match.group(1)), match.group(2) == "released"
+    note = _NOTE.fullmatch(name)
+    return (int(note.group(1)), True) if note is not None else None
+
+
+def is_release(name: str) -> bool:
+    """Whether ``name`` (in the lock directory) ends a turn."""
+    return (parsed := parse_lock_file(name)) is not None and parsed[1]
 
 
 def created_at(storage: Storage, lock_id: int) -> float:

@@ -1,0 +1,95 @@
+"""A holder's release of the filesystem lock, and what this process remembers of its releases.
+
+A writer's turn that noted what it published (:meth:`~.filesystem.FileSystemLock.note_published`) ends
+with that note, ``lock<id>.published.<...>``, created once the completed file it names exists: one file
+both tells later holders what the turn published and releases the lock, and a note that exists names a
+commit that does. Any other turn ends with ``lock<id>.released`` (:mod:`.lock_files`).
+
+On an object store the release is made in the background: what it ends (a commit) is complete, and
+nobody in the process needs its answer. The process's next try for the same table's lock waits for it
+first (:func:`settle`), so its turns never overlap, and a listing that raced it counts that lock as free
+(:func:`releasing`). How long the process's holds lasted paces its waiters (:func:`hold_seconds`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+
+from cowrite.process import keep_mapping
+from cowrite.protocol.locks.lock_files import ReleaseReason, describe_release, note_path, write_release
+from cowrite.storage.backend import Storage
+from cowrite.storage.together import in_background
+
+log = logging.getLogger(__name__)
+
+_HOLD_SECONDS: dict[str, float] = keep_mapping(
+    "cowrite.protocol.locks.releases._HOLD_SECONDS",
+    {},
+    "a number per table whose lock this process held",
+    "how long this process held each table's lock lately: on an object store, where every try is a "
+    "request, a waiter pauses about that long between tries",
+)
+
+_RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
+    "cowrite.protocol.locks.releases._RELEASING",
+    {},
+    "one release per table whose lock this process released",
+    "on an object store a release is made in the background: the process's next try for that table's "
+    "lock waits for it",
+)
+
+
+def end_turn(
+    storage: Storage, lock_id: int, owner: str, held_since: float, noted: str | None, now: Callable[[], float]
+) -> None:
+    """End the turn ``lock_id`` that ``owner`` has held since ``held_since`` (``time.monotonic()``): with
+    the note ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`),
+    else with ``lock<id>.released``. On local disk now, raising what the storage raises; on an object
+    store in the background, where a failure is only logged (the lock then expires)."""
+    give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now)
+    releasing = in_background(storage, give_back, f"releasing table lock {lock_id}")
+    if releasing is not None:
+        _RELEASING[storage.uri] = (lock_id, releasing)
+
+
+def _give_back(
+    storage: Storage, lock_id: int, owner: str, held_since: float, noted: str | None, now: Callable[[], float]
+) -> None:
+    if noted is not None:
+        storage.create_if_absent(note_path(lock_id, noted), b"")
+    elif not write_release(storage, lock_id, owner, ReleaseReason.RELEASED, now()):
+        log.warning(
+            "table lock %d on %s of %s was already released: %s",
+            lock_id,
+            storage.uri,
+            owner,
+            describe_release(storage, lock_id),
+        )
+    held = time.monotonic() - held_since  # as waiters see it: from the create to the release
+    before = _HOLD_SECONDS.get(storage.uri)
+    _HOLD_SECONDS[storage.uri] = held if before is None else (before + held) / 2
+
+
+def hold_seconds(uri: str) -> float | None:
+    """How long this process's holds of the lock of the table at ``uri`` lasted lately; None before one."""
+    return _HOLD_SECONDS.get(uri)
+
+
+def releasing(uri: str, lock_id: int) -> bool:
+    """Whether this process's release of ``lock_id`` on ``uri`` is underway or done."""
+    pending = _RELEASING.get(uri)
+    return pending is not None and pending[0] == lock_id
+
+
+def settle(uri: str) -> int | None:
+    """Wait for this process's release of the lock of the table at ``uri``, if one is underway; return
+    the lock's id if that release failed (the lock is then held until it expires), else None."""
+    pending = _RELEASING.pop(uri, None)
+    if pending is None:
+        return None
+    lock_id, released = pending
+    return None if released.result() else lock_id
