@@ -9,7 +9,7 @@ takes the very next turn with one try, and when that works nothing completed sin
 waits for the lock, reading the commits the turns so far noted meanwhile (and failing at once on one it
 conflicts with), and once it holds the lock it knows the timeline — the one it began on, with the noted
 commits completed — if every turn in between left a usable note. When one did not (a table service's
-turn, an expired holder's, a note whose commit is not there), the timeline is listed under the lock as
+turn, an expired holder's, a note whose commit cannot be read), the timeline is listed under the lock as
 always. On an object store that keeps the lock's critical section to three round trips (``README.md``,
 *What a commit costs*). A writer reads only the noted commits whose sketch (:mod:`.sketch`) does not rule
 out every check it makes against them; the others are :attr:`Turns.cleared`.

@@ -169,10 +169,8 @@ def files_named(names: frozenset[str]) -> LockFiles:
             (release_files if parsed[1] else acquired).add(parsed[0])
         elif (place := _QUEUED.fullmatch(name)) is not None:
             queued.add(int(place.group(1)))
-    released = frozenset(release_files | published.keys())
-    return LockFiles(
-        frozenset(acquired), released, published, queued=frozenset(queued), release_files=frozenset(release_files)
-    )
+    ended = frozenset(release_files | published.keys())
+    return LockFiles(frozenset(acquired), ended, published, frozenset(queued), frozenset(release_files))
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
