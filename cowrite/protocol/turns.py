@@ -111,7 +111,7 @@ class Turns:
         written = [i for i in instants if i.action.writes_data]
         try:
             metadata = self.table.commit_metadata_of(written)
-        except CowriteError:  # a note is made beside its completed file: read it again under the lock
+        except CowriteError:  # (archived, or a failed read) read again under the lock, or the timeline listed
             return
         if waiting and self._check is not None:
             seen = self._begun.completed_times | self._checked
