@@ -78,8 +78,10 @@ def released(processes: Processes, name: str) -> None:
 def test_the_page_draws_writers_conflicts_rollbacks_the_lock_and_stale_heartbeats(
     tmp_path: Path, processes: Processes, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A heartbeat tolerance of 1.5 s: the machine may be busy, and a paused writer must stay live.
-    target = Target(str(tmp_path / "table"), interval_ms=500, misses=3)
+    # A heartbeat tolerance of 3 s: the machine may be busy (the browser starts while H holds the lock,
+    # and a holder whose renewals that delays past the tolerance is expired), and a paused writer must
+    # stay live.
+    target = Target(str(tmp_path / "table"), interval_ms=500, misses=6)
     table = target.create()
     writer(target.table()).insert(rows(["k1"]))
     # The daemon gives up waiting for the table lock quickly, so its polls end while a holder keeps it.
