@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass
 
 from bench.proxy import Request
+from cowrite.protocol.locks.lock_files import LOCK_DIR, parse_lock_file
 
-_LOCK_FILE = re.compile(r"/\.hoodie/locks/lock([1-9][0-9]*)\.(acquired|released|published)")
 _COMPLETED = re.compile(r"/\.hoodie/timeline/[0-9]+_[0-9]+\.[a-z]+$")  # created only under the lock
 PARTS = ("create", "to publish", "publish", "to release", "release", "handoff")
 
@@ -47,20 +47,21 @@ class Turns:
 
 def lock_turns(requests: list[Request]) -> Turns:
     """The anatomy of the lock's turns in ``requests``, a run's whole log."""
-    first: dict[tuple[int, str], Request] = {}
+    first: dict[tuple[int, bool], Request] = {}  # (id, whether a release) -> its first PUT
     completed = []
     for request in sorted(requests, key=lambda r: r.began):
-        match = _LOCK_FILE.search(request.path)
-        if request.kind == "PUT" and match is not None:
-            kind = "acquired" if match.group(2) == "acquired" else "released"
-            first.setdefault((int(match.group(1)), kind), request)
-        elif request.kind == "PUT" and _COMPLETED.search(request.path):
+        if request.kind != "PUT":
+            continue
+        folder, _, name = request.path.rpartition("/")
+        if folder.endswith(LOCK_DIR) and (parsed := parse_lock_file(name)) is not None:
+            first.setdefault(parsed, request)
+        elif _COMPLETED.search(request.path):
             completed.append(request)
     parts: dict[str, list[float]] = {name: [] for name in PARTS}
     turns = []
-    for (lock_id, kind), create in sorted(first.items()):
-        release, following = first.get((lock_id, "released")), first.get((lock_id + 1, "acquired"))
-        if kind != "acquired" or release is None or following is None:
+    for (lock_id, is_release), create in sorted(first.items()):
+        release, following = first.get((lock_id, True)), first.get((lock_id + 1, False))
+        if is_release or release is None or following is None:
             continue
         published = [r for r in completed if create.ended <= r.began and r.ended <= release.began]
         if not published:
