@@ -29,7 +29,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cowrite.engine.contract import latest_schema
 from cowrite.engine.file_group import read_base_file
 from cowrite.engine.records import FILE_NAME, RECORD_KEY
 from cowrite.format import config as keys
@@ -39,6 +38,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks import TableLock
+from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import REVERTED_KEY, Revert, RevertClustering, Transaction, WriteOptions
 from cowrite.storage.backend import Storage
 

@@ -1,8 +1,9 @@
 """The one commit path: how every engine's write becomes a completed instant.
 
 The local engine, the Spark engine and the Spark data source all end here, so a rule of the protocol
-that applies to every write — today, that an ingestion which lost to a completed clustering reverts it
-under ``hoodie.clustering.updates.strategy=allow`` — is applied once, and the engines cannot drift apart.
+that applies to every write — that an ingestion which lost to a completed clustering reverts it under
+``hoodie.clustering.updates.strategy=allow``, that a write's changes of the table's schema are applied to
+another writer's made meanwhile — is applied once, and the engines cannot drift apart.
 A write that lost a conflict runs again the same way for all of them (:func:`retry_on_conflict`).
 """
 
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from cowrite.engine.clustering import revert_clusterings
+from cowrite.engine.contract import rebase
 from cowrite.errors import WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
@@ -49,11 +52,14 @@ def write_instant(
 
 def complete(transaction: Transaction, metadata: CommitMetadata) -> Instant:
     """Commit ``metadata``, reverting the completed clusterings it lost to where the table lets
-    ingestion win (:func:`~cowrite.engine.clustering.revert_clusterings`); raises as
+    ingestion win (:func:`~cowrite.engine.clustering.revert_clusterings`), and applying its changes of the
+    table's schema to another writer's made meanwhile (:func:`~cowrite.engine.contract.rebase`); raises as
     :meth:`Transaction.commit` does, which aborts the transaction on every error but
     :class:`CommitStateUnknownError`."""
+    table = transaction.table
     written = {(s.partition_path, s.file_id): s.path for s in metadata.write_stats}
-    return transaction.commit(metadata, revert=revert_clusterings(transaction.table, written))
+    reverts = revert_clusterings(table, written)
+    return transaction.commit(metadata, revert=reverts, rebase=partial(rebase, table))
 
 
 def retry_on_conflict(config: Config, write: Callable[[], Instant]) -> Instant:

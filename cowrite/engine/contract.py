@@ -30,9 +30,9 @@ import pyarrow.compute as pc
 
 from cowrite.engine.schema import NULL, arrow_schema, arrow_type, avro_schema, kind
 from cowrite.errors import SchemaError
-from cowrite.format import config as keys
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
+from cowrite.protocol.table_schema import latest_schema
 
 # Avro's promotions, as Hudi allows them on write: from a kind to the kinds that hold all its values.
 WIDER: dict[str, frozenset[str]] = {
@@ -40,15 +40,6 @@ WIDER: dict[str, frozenset[str]] = {
     "long": frozenset({"float", "double"}),
     "float": frozenset({"double"}),
 }
-
-
-def latest_schema(table: Table, timeline: Timeline) -> str:
-    """The Avro schema (JSON) the table had as of ``timeline``; "" for an empty table without one."""
-    for commit in reversed(timeline.data_commits().in_completion_order()):
-        recorded = table.commit_metadata(commit).schema
-        if recorded:
-            return recorded
-    return table.config.get(keys.TABLE_CREATE_SCHEMA)
 
 
 def current_schema(table: Table, timeline: Timeline | None = None) -> pa.Schema | None:
@@ -68,6 +59,22 @@ def commit_schema(table: Table, begun: str, written: pa.Schema, delete: bool = F
     if delete:
         return begun
     return fit(written, schema_of(table, begun), table).table_schema
+
+
+def rebase(table: Table, mine: str, current: str) -> str:
+    """The schema a write records whose files hold ``mine`` (the table's schema as it began, evolved by
+    its input) once another writer changed the table's schema to ``current``: its changes applied to
+    ``current`` (:mod:`cowrite.protocol.table_schema`). Raises :class:`SchemaError` when they cannot be:
+    a column both added with kinds neither widens to, or a column of its files that ``current`` would
+    read as a narrower kind (a key or partition column, which keeps its type)."""
+    written = schema_of(table, mine)
+    assert written is not None  # a write that changed the schema has one
+    rebased = fit(written, schema_of(table, current), table, source="this write's schema")
+    for field in written:
+        have, kept = kind(field.name, field.type), kind(field.name, rebased.target.field(field.name).type)
+        if kept != have and kept not in WIDER.get(have, ()):
+            raise SchemaError(f"column {field.name} would be {kept} in the table, {have} in this write")
+    return rebased.table_schema
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cowrite.engine.commit import retry_on_conflict, write_instant
-from cowrite.engine.contract import commit_schema, latest_schema, schema_of
+from cowrite.engine.contract import commit_schema, schema_of
 from cowrite.engine.file_group import RecentFiles, write_file_group
 from cowrite.engine.operations import Operation, prepare
 from cowrite.engine.planning import (
@@ -34,6 +34,7 @@ from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
+from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import committing_instant
 from cowrite.steps import Step, reached

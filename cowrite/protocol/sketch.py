@@ -5,8 +5,9 @@ groups it touched, the record keys it inserted) and carries forward the newest m
 versions (:mod:`.txn`). On an object store every commit it reads is a request, and a busy table publishes
 several commits during one write. So the note a writer's turn leaves (:mod:`.turns`) names, after the
 completed file, a sketch of the commit: Bloom filters of the file groups it touched and of the partitions it
-inserted record keys into, and a digest of the map of versions it carries. A rival whose sketch rules out
-all three checks — no file group of mine, no partition I inserted into, the map I carry — is left unread;
+inserted record keys into, and a digest of what it carries forward: the map of versions and the table's
+schema (:mod:`.table_schema`). A rival whose sketch rules out all three checks — no file group of mine, no
+partition I inserted into, the map and the schema I began with — is left unread;
 one it cannot rule out (a filter's "maybe", too many file groups to sketch, keys inserted without a
 summary, a note without a sketch) is read and checked as before.
 
@@ -40,18 +41,17 @@ class Sketch:
 
     groups: Bloom | None  # "partition/file id" of every file group it wrote or replaced
     inserted: Bloom | None  # the partitions it inserted record keys into
-    txns: str | None  # the digest of the map of applications' versions it carries
+    carried: str | None  # the digest of the map of applications' versions and the schema it carries
 
     @classmethod
     def of(cls, metadata: CommitMetadata) -> Sketch:
         groups = _bloom(_group_names(metadata.touched_file_groups))
-        carried = metadata.extra.get(TXNS_KEY)
-        return cls(
-            groups, _bloom(_inserted_partitions(metadata)), digest(carried) if carried is not None else None
-        )
+        txns = metadata.extra.get(TXNS_KEY)
+        carried = digest(txns, metadata.schema) if txns is not None else None
+        return cls(groups, _bloom(_inserted_partitions(metadata)), carried)
 
     def to_text(self) -> str:
-        return "-".join([_bloom_text(self.groups), _bloom_text(self.inserted), self.txns or _UNKNOWN])
+        return "-".join([_bloom_text(self.groups), _bloom_text(self.inserted), self.carried or _UNKNOWN])
 
     @classmethod
     def from_text(cls, text: str) -> Sketch | None:
@@ -63,8 +63,8 @@ class Sketch:
             groups, inserted = _bloom_of(fields[0]), _bloom_of(fields[1])
         except ValueError:
             return None
-        txns = fields[2] if fields[2] != _UNKNOWN else None
-        return cls(groups, inserted, txns)
+        carried = fields[2] if fields[2] != _UNKNOWN else None
+        return cls(groups, inserted, carried)
 
 
 def note(completed_file: str, metadata: CommitMetadata) -> str:
@@ -79,20 +79,20 @@ def parse(noted: str) -> tuple[str, Sketch | None]:
 
 
 def clearing(
-    strategy: ConflictStrategy, mine: CommitMetadata, carried: str, key_check: bool
+    strategy: ConflictStrategy, mine: CommitMetadata, carried: str, schema: str, key_check: bool
 ) -> Clears | None:
     """Whether a rival's sketch rules out, for a writer committing ``mine`` that carried the map of
-    versions ``carried`` (its JSON) from its begin, the file-group check, the record-key check (when
-    ``key_check``) and a change of that map. None for a ``strategy`` of one's own, which may look at
-    anything in a rival's commit."""
+    versions ``carried`` (its JSON) and the table's ``schema`` from its begin, the file-group check, the
+    record-key check (when ``key_check``) and a change of that map or schema. None for a ``strategy`` of
+    one's own, which may look at anything in a rival's commit."""
     my_partitions = _inserted_partitions(mine)
     if strategy is not file_group_overlap or (key_check and my_partitions is None):
         return None  # (my keys known only from my files: every rival's are read)
     my_groups = _group_names(mine.touched_file_groups)
-    carried_digest = digest(carried)
+    carried_digest = digest(carried, schema)
 
     def clears(theirs: Sketch) -> bool:
-        if theirs.txns != carried_digest or theirs.groups is None:
+        if theirs.carried != carried_digest or theirs.groups is None:
             return False
         if any(name in theirs.groups for name in my_groups):
             return False
@@ -103,8 +103,8 @@ def clearing(
     return clears
 
 
-def digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+def digest(txns: str, schema: str) -> str:
+    return hashlib.blake2b(f"{txns}\0{schema}".encode(), digest_size=8).hexdigest()
 
 
 def _group_names(groups: Iterable[tuple[str, str]]) -> list[str]:

@@ -59,6 +59,7 @@ from cowrite.protocol.conflict import (
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish_schema, recorded_schema
 from cowrite.protocol.turns import Turns, completed_between
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
@@ -280,13 +281,16 @@ class Transaction:
             )
 
     # -- commit ----------------------------------------------------------------------------------
-    def commit(self, metadata: CommitMetadata, revert: RevertClustering | None = None) -> Instant:
+    def commit(
+        self, metadata: CommitMetadata, revert: RevertClustering | None = None, rebase: Rebase | None = None
+    ) -> Instant:
         """Publish the completed instant, or raise; see the module docstring for the error cases.
 
         ``revert`` lets an ingestion that lost to a clustering win instead, when the table gives
         ingestion priority (``hoodie.clustering.updates.strategy`` = allow): it writes the clustering's
         input file groups back as new file groups, which a second replacecommit publishes right after
-        this one, replacing the clustering's output (RFC-22's example of priority).
+        this one, replacing the clustering's output (RFC-22's example of priority). ``rebase`` applies
+        this write's changes of the table's schema to another writer's made since (:mod:`.table_schema`).
         """
         assert self.instant is not None and self.heartbeat is not None
         reached(Step.WRITTEN, self.instant_time)
@@ -296,17 +300,17 @@ class Transaction:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
             carried = CommittedTxns.of(self.table, self.begin_timeline)
+            begun = latest_schema(self.table, self.begin_timeline)
             metadata = self._with_txns(metadata, carried)
             payload = metadata.to_bytes(self.action)  # encoded before taking the lock others wait for
-            known = self.turns.take(
-                self.begin_timeline,
-                partial(self._fail_while_waiting, metadata, revert),
-                sketch.clearing(self.strategy, metadata, carried.to_json(), self._checks_keys(metadata)),
-            )
+            keyed = self._checks_keys(metadata)
+            unread = sketch.clearing(self.strategy, metadata, carried.to_json(), begun, keyed)
+            waiting = partial(self._fail_while_waiting, metadata, revert)
+            known = self.turns.take(self.begin_timeline, waiting, unread)
             self._publishing = False
             try:
                 reached(Step.LOCKED, self.instant_time)
-                completed = self._publish(metadata, payload, revert, carried, known)
+                completed = self._publish(metadata, payload, revert, (carried, begun, rebase), known)
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
@@ -337,12 +341,12 @@ class Transaction:
         metadata: CommitMetadata,
         payload: bytes,
         revert: RevertClustering | None,
-        carried: CommittedTxns,
+        begun: tuple[CommittedTxns, str, Rebase | None],
         known: Timeline | None,
     ) -> Instant:
         """Under the lock: check, then create the completed file. ``known`` is the timeline as it is now
-        (None: list it). ``payload`` is ``metadata`` encoded, carrying ``carried`` forward; it is encoded
-        again only if commits completed meanwhile changed the map of applications' versions."""
+        (None: list it). ``begun``: the map of versions and the table's schema the write began with, and
+        how to rebase that schema; ``payload``, ``metadata`` encoded, is encoded again if either changed."""
         assert self.instant is not None and self.heartbeat is not None
         timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
@@ -356,18 +360,22 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
-        # the commits completed meanwhile that no sketch ruled out, read at once (concurrently on object
-        # stores); the newest carries the applications' versions: those this write carried from its begin
-        # when its sketch ruled it out
+        # the commits completed meanwhile that no sketch ruled out, read at once; the newest carries the map
+        # of versions and the schema, as they were at this write's begin when its sketch ruled it out
         cleared = self.turns.cleared
         candidates = completed_between(self.table, self.begin_timeline, timeline, cleared)
         newest = timeline.data_commits().in_completion_order()[-1:]
-        ruled_out = bool(newest) and newest[0].requested_time in cleared
-        current = carried if ruled_out else CommittedTxns.of(self.table, timeline)
+        carried, schema, rebase = begun
+        current, recorded = carried, metadata.schema
+        if newest and newest[0].requested_time not in cleared:
+            current = CommittedTxns.of(self.table, timeline)
+            recorded, schema = recorded_schema(
+                self.table, self.instant_time, timeline, schema, recorded, rebase
+            )
         if self.options.txn is not None:  # another process of the application may have committed it
             current.check(self.options.txn, self.table.name, self.instant_time)
-        if current != carried:
-            metadata = self._with_txns(metadata, current)
+        if current != carried or recorded != metadata.schema:
+            metadata = replace(self._with_txns(metadata, current), schema=recorded)
             payload = metadata.to_bytes(self.action)
         reverted = self._check_conflicts(metadata, timeline, revert, candidates)
         self.heartbeat.check()
@@ -388,14 +396,18 @@ class Transaction:
             ) from exc
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
-        # the lock's release names the commit, now that it exists; a turn that also publishes a revert
-        # is not noted: later holders list the timeline
-        if reverted is None:
+        # the lock's release names the commit, now that it exists; a turn that publishes a second commit
+        # (a revert, the schema) is not noted: later holders list the timeline
+        alter = hidden(timeline, self.instant_time, metadata.schema, schema)
+        if reverted is None and not alter:
             self.lock.note_published(sketch.note(done.file_name, metadata))
         self.table.published(done, payload)
         self.instant = done
         if reverted is not None:
-            self._publish_revert(reverted, metadata.extra[TXNS_KEY])
+            self._publish_revert(reverted, metadata)
+        elif alter:
+            now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
+            publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done
 
     def _being_rolled_back(self, timeline: Timeline) -> bool:
@@ -409,13 +421,14 @@ class Transaction:
                 continue
         return False
 
-    def _publish_revert(self, revert: Revert, txns: str) -> None:
+    def _publish_revert(self, revert: Revert, mine: CommitMetadata) -> None:
         """Complete the replacecommit that undoes clusterings, right after our own commit; it carries
-        ``txns``, our commit's map of applications' versions, forward."""
+        forward what ``mine``, our commit, carries: the map of applications' versions and the schema."""
         now = int(self.options.clock() * 1000)
         completion = self.table.completion_time(self.table.timeline(), revert.instant.requested_time, now)
         done = revert.instant.transition(State.COMPLETED, completion)
-        plan = replace(revert.plan, extra={**revert.plan.extra, TXNS_KEY: txns})
+        extra = {**revert.plan.extra, TXNS_KEY: mine.extra[TXNS_KEY]}
+        plan = replace(revert.plan, schema=mine.schema, extra=extra)
         if not self.table.storage.create_if_absent(
             self.table.instant_path(done), plan.to_bytes(Action.REPLACE_COMMIT)
         ):

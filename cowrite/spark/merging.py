@@ -17,7 +17,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import cowrite.spark.options as spark_keys
 from cowrite.engine.commit import write_instant
-from cowrite.engine.contract import latest_schema
 from cowrite.engine.planning import FILE_ID, SizingPolicy, estimate_record_bytes
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.errors import CowriteError
@@ -26,6 +25,7 @@ from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import FileSystemView
 from cowrite.format.instant import Instant
 from cowrite.protocol.conflict import with_inserted_keys
+from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import Transaction
 from cowrite.spark.batching import ARROW_BYTES_PER_PARQUET_BYTE, size_in_bytes
 from cowrite.spark.dedup import Count, Deduplicate, KeyRange, deduplicate, key_ranges

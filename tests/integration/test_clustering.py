@@ -91,6 +91,25 @@ def test_pending_clustering_yields_to_ingestion_by_default(tmp_path: Path) -> No
     assert groups(table) == 3
 
 
+def test_a_clustering_keeps_a_column_added_while_it_ran(tmp_path: Path) -> None:
+    """A clustering planned before an ingestion added a column commits after it: its replacecommit records
+    the table's schema with that column, not the one it was planned on, and both readers read it."""
+    table = make_table(tmp_path)
+    small_groups(table)
+    planned = schedule_clustering(table, service_lock(table), small_file_limit=10**9)
+    assert planned is not None
+    added = rows([60], "b").append_column("n", pa.array([7], pa.int64()))
+    LocalWriter(table).insert(added)
+    execute_clustering(table, planned)
+    assert groups(table) == 1
+    [*_, clustering] = table.timeline().data_commits().in_completion_order()
+    assert [f["name"] for f in json.loads(table.commit_metadata(clustering).schema)["fields"]] == [
+        "id", "p", "v", "s", "n"
+    ]
+    without = pa.concat_tables([rows([0, 1, 2]), rows([50], "b")]).append_column("n", pa.nulls(4, pa.int64()))
+    assert exact(table) == hudi_rs.rows(pa.concat_tables([without, added]))
+
+
 def test_clustering_first_makes_the_ingestion_abort(tmp_path: Path) -> None:
     table = make_table(tmp_path, strategy="reject")
     small_groups(table)

@@ -18,14 +18,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import TESTS, hudi_rs
+from support import TESTS, hudi_rs, wait_until
 from support.servers import S3Server
 
+from cowrite.cli import EXIT_CONFLICT
 from cowrite.errors import SchemaError
 from cowrite.format.instant import State
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
+from cowrite.protocol.table_schema import latest_schema
 from cowrite.storage.backend import Storage
 
 UTC = dt.UTC
@@ -313,3 +315,102 @@ def test_an_input_that_no_longer_fits_the_schema_it_begins_on_is_refused_with_no
     expected = [{"id": 1, "ts": 1, "s": None}, {"id": 2, "ts": 1, "s": 7}]
     assert sorted(read.snapshot(table).to_pylist(), key=lambda r: r["id"]) == expected
     assert sorted(hudi_rs.snapshot(table.uri), key=lambda r: r["id"]) == expected
+
+
+def _paused(cli: Cli, tmp_path: Path, name: str, rows: pa.Table) -> tuple[subprocess.Popen[str], Path]:
+    """A writer process that upserts ``rows`` and pauses with its files written, before its commit; the
+    pause ends when the returned file exists."""
+    batch, ready, go = tmp_path / f"{name}.parquet", tmp_path / f"{name}.ready", tmp_path / f"{name}.go"
+    pq.write_table(rows, batch)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "support.writer_process", cli.uri, "--batch-file", str(batch),
+         "--storage-options", json.dumps(cli.options), "--pause-at", "written", "--ready-file", str(ready),
+         "--go-file", str(go), "--result", str(tmp_path / f"{name}.json")],
+        cwd=TESTS, env={**os.environ, **cli.env}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_until(lambda: ready.exists() or process.poll() is not None, f"{name} to pause")
+    assert process.poll() is None, process.communicate()[1]
+    return process, go
+
+
+def _resumed(process: subprocess.Popen[str], go: Path) -> tuple[int, str]:
+    """End the pause; the writer's exit code and what it printed to stderr."""
+    go.touch()
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def _table_schema(cli: Cli) -> list[tuple[str, str]]:
+    """The table's schema as its newest commit recorded it: (column, Avro type) pairs."""
+    table = Table.load(cli.uri, **cli.options)
+    return [(f["name"], f["type"][1]) for f in json.loads(latest_schema(table, table.timeline()))["fields"]]
+
+
+def test_a_commit_keeps_a_column_another_process_added_while_it_wrote(cli: Cli, tmp_path: Path) -> None:
+    """Writer A upserts the table's columns and pauses before its commit; meanwhile the CLI inserts into
+    another partition with a new column, and commits. A's commit records the table's schema with that
+    column (it does not take the change back), so a later input that gives the column another type is
+    refused with one line rather than added again as a second column of another type, which no reader
+    could merge with the files that hold the first."""
+    made = cli("init", cli.uri, "--record-key", "id", "--partition-field", "part", "--ordering-field", "ts")
+    assert made.returncode == 0, made.stderr
+    assert cli.write("insert", "first.csv", "id,part,ts\n1,a,1\n").returncode == 0
+    a, go = _paused(cli, tmp_path, "a", pa.table({"id": [2], "part": ["a"], "ts": [2]}))
+    added = cli.write("insert", "added.jsonl", '{"id": 3, "part": "b", "ts": 1, "s": "x"}\n')
+    assert added.returncode == 0, added.stderr
+    code, stderr = _resumed(a, go)
+    assert code == 0, stderr
+    assert _table_schema(cli) == [("id", "long"), ("part", "string"), ("ts", "long"), ("s", "string")]
+    expected = [{"id": 1, "part": "a", "ts": 1, "s": None}, {"id": 2, "part": "a", "ts": 2, "s": None},
+                {"id": 3, "part": "b", "ts": 1, "s": "x"}]  # fmt: skip
+    assert cli.rows() == expected
+    files = cli.timeline()
+    long_s = pa.table({"id": [4], "part": ["c"], "ts": [1], "s": pa.array([5], pa.int64())})
+    _refused(cli.write("insert", "long-s.parquet", long_s), "column s", "the table's type is string")
+    assert cli.timeline() == files
+    assert cli.rows() == expected
+
+
+def test_writers_that_both_changed_the_schema_keep_both_changes_or_the_later_one_loses(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Two writers add different columns at once: the later commit records both, and so does the newest
+    instant, which readers that go by instant times take the schema from. Two writers add the same
+    column with kinds neither widens to: the later one loses with a conflict that names the column and
+    commits nothing; the table is as the first left it, for both readers."""
+    made = cli("init", cli.uri, "--record-key", "id", "--partition-field", "part", "--ordering-field", "ts")
+    assert made.returncode == 0, made.stderr
+    assert cli.write("insert", "first.csv", "id,part,ts\n1,a,1\n").returncode == 0
+    a, go = _paused(cli, tmp_path, "a", pa.table({"id": [2], "part": ["a"], "ts": [2], "t": [7]}))
+    assert cli.write("insert", "s.jsonl", '{"id": 3, "part": "b", "ts": 1, "s": "x"}\n').returncode == 0
+    code, stderr = _resumed(a, go)
+    assert code == 0, stderr
+    assert _table_schema(cli) == [
+        ("id", "long"), ("part", "string"), ("ts", "long"), ("s", "string"), ("t", "long")
+    ]  # fmt: skip
+    # the CLI's commit has the later instant time: readers that take the schema from it (hudi-rs) would
+    # not see t, so A's commit is followed by an empty one that records the schema
+    table = Table.load(cli.uri, **cli.options)
+    *_, a_commit, cli_commit, alter = table.timeline().data_commits()  # in the order of instant times
+    assert [table.commit_metadata(i).operation for i in (a_commit, cli_commit, alter)] == [
+        "upsert", "insert", "alter_schema"
+    ]
+    assert table.commit_metadata(alter).write_stats == ()
+    assert table.commit_metadata(alter).schema == latest_schema(table, table.timeline())
+    expected = [{"id": 1, "part": "a", "ts": 1, "s": None, "t": None},
+                {"id": 2, "part": "a", "ts": 2, "s": None, "t": 7},
+                {"id": 3, "part": "b", "ts": 1, "s": "x", "t": None}]  # fmt: skip
+    assert cli.rows() == expected
+
+    c, go = _paused(cli, tmp_path, "c", pa.table({"id": [4], "part": ["a"], "ts": [1], "u": [5]}))
+    assert cli.write("insert", "u.jsonl", '{"id": 5, "part": "b", "ts": 1, "u": "y"}\n').returncode == 0
+    code, stderr = _resumed(c, go)
+    assert code == EXIT_CONFLICT, stderr
+    error = json.loads((tmp_path / "c.json").read_text())["error"]
+    assert error["type"] == "WriteConflictError"
+    assert "the table's schema: column u" in error["message"] and "string" in error["message"]
+    assert _table_schema(cli)[-1] == ("u", "string")
+    expected = [{**row, "u": None} for row in expected] + [
+        {"id": 5, "part": "b", "ts": 1, "s": None, "t": None, "u": "y"}
+    ]
+    assert cli.rows() == expected

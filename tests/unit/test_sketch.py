@@ -16,21 +16,25 @@ from cowrite.protocol.txn import TXNS_KEY
 
 RIVAL = Instant("20261127000000001", Action.COMMIT, State.COMPLETED, "20261127000000002")
 NO_TXNS = "{}"
+SCHEMA = '{"type": "record", "name": "t", "fields": [{"name": "id", "type": ["null", "long"]}]}'
 
 
 def commit(
-    groups: list[tuple[str, str]], inserted: dict[str, list[str]] | None, txns: str = NO_TXNS
+    groups: list[tuple[str, str]],
+    inserted: dict[str, list[str]] | None,
+    txns: str = NO_TXNS,
+    schema: str = SCHEMA,
 ) -> CommitMetadata:
     """An upsert writing ``groups`` that inserted ``inserted`` (partition -> keys; None: no summary)."""
     stats = tuple(WriteStat(f, f"{p}/{f}_0-0-1_1.parquet", p, "null", 1, 1, 0, 0, 10) for p, f in groups)
     extra = {TXNS_KEY: txns}
     if inserted is not None:
         extra[INSERTED_KEYS] = KeySummary.of((p, k) for p, keys in inserted.items() for k in keys).to_json()
-    return CommitMetadata("upsert", stats, extra=extra)
+    return CommitMetadata("upsert", stats, schema=schema, extra=extra)
 
 
 def rules_out(mine: CommitMetadata, theirs: CommitMetadata, key_check: bool = True) -> bool:
-    clears = sketch.clearing(file_group_overlap, mine, NO_TXNS, key_check)
+    clears = sketch.clearing(file_group_overlap, mine, NO_TXNS, SCHEMA, key_check)
     assert clears is not None
     _, drawn = sketch.parse(sketch.note(RIVAL.file_name, theirs))
     assert drawn is not None
@@ -60,15 +64,18 @@ def test_a_sketch_rules_out_a_rival_only_when_no_check_could_fail() -> None:
     assert rules_out(mine, commit([("p0", "f1")], {"p0": ["other"]}), key_check=False)
     assert not rules_out(mine, commit([("p1", "f1")], None))  # keys inserted, no summary: files tell
     assert not rules_out(mine, commit([("p1", "f1")], {}, txns='{"app":{"version":1,"instant":"1"}}'))
+    added = SCHEMA.replace("}]}", '}, {"name": "s", "type": ["null", "string"]}]}')
+    assert not rules_out(mine, commit([("p1", "f1")], {}, schema=added))  # it changed the table's schema
     many = [("p1", f"f{n}") for n in range(MOST_MEMBERS + 1)]
     assert not rules_out(mine, commit(many, {}))  # too many file groups to sketch
 
 
 def test_a_strategy_of_ones_own_or_keys_known_only_from_files_read_every_rival() -> None:
     assert strategy_named("file-group") is file_group_overlap
-    assert sketch.clearing(lambda mine, candidates: [], commit([], {}), NO_TXNS, True) is None
-    assert sketch.clearing(file_group_overlap, commit([("p0", "f0")], None), NO_TXNS, True) is None
-    assert sketch.clearing(file_group_overlap, commit([("p0", "f0")], None), NO_TXNS, False) is not None
+    assert sketch.clearing(lambda mine, candidates: [], commit([], {}), NO_TXNS, SCHEMA, True) is None
+    unsummed = commit([("p0", "f0")], None)
+    assert sketch.clearing(file_group_overlap, unsummed, NO_TXNS, SCHEMA, True) is None
+    assert sketch.clearing(file_group_overlap, unsummed, NO_TXNS, SCHEMA, False) is not None
 
 
 @pytest.mark.parametrize("seed", range(5))
