@@ -605,7 +605,9 @@ class Checker:
             planned_at = requested.modified if requested is not None else item.modified
             if planned_at is not None:
                 first_planned[plan.target] = min(planned_at, first_planned.get(plan.target, planned_at))
-            if plan.target in evidence.completed:
+            # (a claim left behind may share its time with another action's instant, which may complete)
+            done = evidence.completed.get(plan.target)
+            if done is not None and done.instant.action.value == plan.target_action:
                 self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
             for path in plan.files:
                 base = BaseFile.parse(FileInfo(path, 0, 0.0))
