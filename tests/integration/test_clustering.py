@@ -103,9 +103,8 @@ def test_a_clustering_keeps_a_column_added_while_it_ran(tmp_path: Path) -> None:
     execute_clustering(table, planned)
     assert groups(table) == 1
     [*_, clustering] = table.timeline().data_commits().in_completion_order()
-    assert [f["name"] for f in json.loads(table.commit_metadata(clustering).schema)["fields"]] == [
-        "id", "p", "v", "s", "n"
-    ]
+    names = [f["name"] for f in json.loads(table.commit_metadata(clustering).schema)["fields"]]
+    assert names == ["id", "p", "v", "s", "n"]
     without = pa.concat_tables([rows([0, 1, 2]), rows([50], "b")]).append_column("n", pa.nulls(4, pa.int64()))
     assert exact(table) == hudi_rs.rows(pa.concat_tables([without, added]))
 
@@ -122,8 +121,12 @@ def test_clustering_first_makes_the_ingestion_abort(tmp_path: Path) -> None:
     assert exact(table) == hudi_rs.rows(pa.concat_tables([rows([0, 1, 2]), rows([50], "b")]))
 
 
-def test_an_ingestion_that_lost_to_a_completed_clustering_reverts_it(tmp_path: Path) -> None:
-    """RFC-22's example: clustering f1,f2,f3 -> g1 completes while an ingestion updating f1 runs."""
+@pytest.mark.parametrize("adds_a_column", [False, True])
+def test_an_ingestion_that_lost_to_a_completed_clustering_reverts_it(
+    tmp_path: Path, adds_a_column: bool
+) -> None:
+    """RFC-22's example: clustering f1,f2,f3 -> g1 completes while an ingestion updating f1 runs. A column
+    the ingestion adds stays in the table's schema, which the revert, completed last, records."""
     table = make_table(tmp_path)
     small_groups(table)
     start = table.timeline().latest_completion_time
@@ -136,8 +139,11 @@ def test_an_ingestion_that_lost_to_a_completed_clustering_reverts_it(tmp_path: P
     writer = LocalWriter(table)
     original_begin = Transaction.begin
     Transaction.begin = classmethod(lambda cls, *a, **k: ingestion)  # type: ignore[method-assign,assignment]
+    update = rows([1], v=2)
+    if adds_a_column:
+        update = update.append_column("n", pa.array([7], pa.int64()))
     try:
-        done = writer.upsert(rows([1], v=2))
+        done = writer.upsert(update)
     finally:
         Transaction.begin = original_begin  # type: ignore[method-assign]
     assert done.requested_time == ingestion.instant_time
@@ -146,7 +152,11 @@ def test_an_ingestion_that_lost_to_a_completed_clustering_reverts_it(tmp_path: P
     assert [(i.action, table.commit_metadata(i).operation) for i in revert] == [
         (Action.REPLACE_COMMIT, "cluster_revert")
     ]
-    expected = hudi_rs.rows(pa.concat_tables([rows([0, 2]), rows([1], v=2), rows([50], "b")]))
+    others = pa.concat_tables([rows([0, 2]), rows([50], "b")])
+    if adds_a_column:
+        others = others.append_column("n", pa.nulls(3, pa.int64()))
+        assert json.loads(table.commit_metadata(revert[0]).schema)["fields"][-1]["name"] == "n"
+    expected = hudi_rs.rows(pa.concat_tables([others, update]))
     assert exact(table) == expected  # the update is there, no row lost, none twice
     assert groups(table) == 3  # the whole mapping reversed: 1 group back to 3
     reverted = table.commit_metadata(revert[0])
@@ -154,8 +164,8 @@ def test_an_ingestion_that_lost_to_a_completed_clustering_reverts_it(tmp_path: P
         s.file_id for s in table.commit_metadata(clustering).write_stats
     }
     changes = read.incremental(table, since=start)
-    assert hudi_rs.rows(changes) == hudi_rs.rows(rows([1], v=2))
-    assert hudi_rs.incremental(table.uri, start, None) == hudi_rs.rows(rows([1], v=2))
+    assert hudi_rs.rows(changes) == hudi_rs.rows(update)
+    assert hudi_rs.incremental(table.uri, start, None) == hudi_rs.rows(update)
 
 
 def test_no_revert_once_the_clustered_group_was_changed(tmp_path: Path) -> None:
