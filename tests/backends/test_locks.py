@@ -50,6 +50,7 @@ from cowrite.protocol.locks.lock_files import (
     collectable,
     current_lock,
     expire_stale_lock,
+    note_path,
     queued_path,
     read_release,
     released_path,
@@ -273,6 +274,17 @@ def test_a_holders_own_release_is_empty_and_reads_as_released_by_it(storage: Sto
     release = read_release(storage, 1)
     assert (release["owner"], release["reason"]) == ("writer-1", "released")
     assert before - 2 <= float(release["time"]) <= time.time() + 2  # type: ignore[arg-type]
+
+
+def test_a_holder_whose_note_exists_is_told_its_turn_ended_with_that_note(storage: Storage) -> None:
+    """A release that created the turn's note and then failed leaves the holder asking: the note is
+    that turn's release, so the lock is lost to it, and the error names what the note says."""
+    lock = fs_lock(storage, LockHolder(owner="writer-1"))
+    lock.acquire(timeout=5)
+    storage.create_if_absent(note_path(1, "20261128070554629_20261128070554828.commit"), b"")
+
+    with pytest.raises(LeaseLostError, match="noting that its turn published 20261128070554629_"):
+        lock.check_held()
 
 
 @pytest.fixture

@@ -437,7 +437,9 @@ class FileSystemLock(TableLock):
         files = scan(self.storage)
         if files.is_held(lock_id) and files.highest == lock_id:
             return
-        if lock_id in files.released:
+        if lock_id in files.published:
+            how = f"its holder released it, noting that its turn published {files.published[lock_id]}"
+        elif lock_id in files.released:
             how = describe_release(self.storage, lock_id)
         elif lock_id not in files.acquired:
             how = "its lock file was deleted (expired, then garbage-collected)"
