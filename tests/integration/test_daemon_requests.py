@@ -19,6 +19,7 @@ from support.request_counts import ProxyProcess, what
 from support.servers import S3Server
 from support.tables import rows
 
+from cowrite.daemon import service as daemon_service
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
@@ -30,6 +31,20 @@ from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 INTERVAL_MS = 1000  # the tables' heartbeat interval: how often an idle poll also looks at the locks
+
+
+class Clock:
+    """The daemon's ``time`` module, with a monotonic clock that moves only when told: whether a poll looks
+    at the lock directory depends on the time since the last look, and a slow machine must not decide it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
 
 
 
@@ -51,10 +66,15 @@ def history(table: Table, commits: int) -> None:
 
 
 def served(
-    s3_server: S3Server, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch, commits: int
+    s3_server: S3Server,
+    proxy: ProxyProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    commits: int,
+    clock: Clock | None = None,
 ) -> tuple[Table, TableService]:
     """A table with ``commits`` of history, and a table service that reaches it through the proxy, polled
-    until it has looked at everything once."""
+    until it has looked at everything once; its clock is ``clock``, which stands still unless moved."""
+    clock = clock or Clock()
     table = Table.create(
         f"s3://{s3_server.bucket}/requests-{uuid.uuid4().hex}",
         name="t",
@@ -65,6 +85,7 @@ def served(
     history(table, commits)
     for name, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(daemon_service, "time", clock)
     config = DaemonConfig(
         tables=(TableEntry(table.uri, settings={keys.HEARTBEAT_INTERVAL_MS.key: str(INTERVAL_MS)}),), port=0
     )
@@ -150,8 +171,11 @@ def test_an_idle_table_looks_at_its_locks_once_per_heartbeat_interval(
 ) -> None:
     """Nobody holds or waits for the lock, so it is looked at seldom: a holder that died then is expired
     an interval later than it could be, and a contender would expire it at once anyway."""
-    _, service = served(s3_server, proxy, monkeypatch, 10)
+    clock = Clock()
+    _, service = served(s3_server, proxy, monkeypatch, 10, clock)
     assert poll(service, proxy) == {("LIST", "timeline"): 1}
-    time.sleep(INTERVAL_MS / 1000)
+    clock.now += INTERVAL_MS / 1000 - 0.001
+    assert poll(service, proxy) == {("LIST", "timeline"): 1}
+    clock.now += 0.001
     assert poll(service, proxy) == {("LIST", "timeline"): 1, ("LIST", "locks"): 1}
     assert poll(service, proxy) == {("LIST", "timeline"): 1}
