@@ -10,9 +10,9 @@ the requested time of the instant that last wrote them (``_hoodie_commit_time``)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .plan import Row
+from .plan import Row, extra_value
 
 Record = tuple[str, str, int, str, str]  # id, part, ts, value, _hoodie_commit_time
 
@@ -21,12 +21,16 @@ Record = tuple[str, str, int, str, str]  # id, part, ts, value, _hoodie_commit_t
 class Model:
     rows: dict[str, Record]
     removed: set[str]  # keys a completed delete or overwrite removed (incremental reads never see that)
+    # key -> (column, value) of the extra column its stored version was written with; a key absent here
+    # was written without one, and reads null in every column the rounds added
+    extras: dict[str, tuple[str, str]] = field(default_factory=dict)
+    columns: set[str] = field(default_factory=set)  # the columns completed rounds added to the table
 
     @classmethod
     def seeded(cls, rows: Iterable[Row], instant: str) -> Model:
         return cls({r.id: (r.id, r.part, r.ts, r.value, instant) for r in rows}, set())
 
-    def apply(self, op: str, rows: Iterable[Row], instant: str) -> set[str]:
+    def apply(self, op: str, rows: Iterable[Row], instant: str, column: str | None = None) -> set[str]:
         """Apply one completed instant; returns the keys whose stored version it wrote."""
         written: set[str] = set()
         rows = list(rows)
@@ -40,6 +44,8 @@ class Model:
                 for key in [k for k, record in self.rows.items() if record[1] == part]:
                     del self.rows[key]
                     self.removed.add(key)
+        if column is not None:
+            self.columns.add(column)
         for row in rows:
             stored = self.rows.get(row.id)
             # the larger ordering value wins; a tie goes to the newer write
@@ -47,5 +53,19 @@ class Model:
                 continue
             self.rows[row.id] = (row.id, row.part, row.ts, row.value, instant)
             self.removed.discard(row.id)
+            if column is not None:
+                self.extras[row.id] = (column, extra_value(column, row.value))
+            else:
+                self.extras.pop(row.id, None)
             written.add(row.id)
         return written
+
+    def column_values(self) -> dict[str, dict[str, str | None]]:
+        """Each added column's value in every stored row: column -> key -> value (None: null)."""
+        return {
+            column: {
+                key: extra[1] if (extra := self.extras.get(key)) and extra[0] == column else None
+                for key in self.rows
+            }
+            for column in self.columns
+        }

@@ -65,6 +65,16 @@ class Row:
 class Round:
     op: str  # insert, upsert, delete, insert_overwrite
     rows: tuple[Row, ...]
+    column: str | None = None  # a string column the round's rows carry besides the four: it may be new
+
+
+COLUMNS = ("c1", "c2")  # the columns rounds add; strings all, so any two writers' additions merge
+COLUMN_SHARE = 0.25  # of the rounds that write rows
+
+
+def extra_value(column: str, value: str) -> str:
+    """What a round writes in ``column`` for a row whose ``value`` is ``value``."""
+    return f"{column}:{value}"
 
 
 @dataclass(frozen=True)
@@ -236,6 +246,7 @@ def scenario(
 
     count = rng.randint(*profile.writers)
     writers = tuple(_writer(rng, w, partitions, overwrite, profile) for w in range(count))
+    writers = _with_columns(random.Random(f"cowrite-chaos:{seed}:{index}:columns"), writers)
     interval_ms, misses = lease(backend, latency)
     tolerance = interval_ms / 1000 * misses
     timed = tuple(_timed(rng, count, profile, tolerance) for _ in range(rng.randint(*profile.timed_faults)))
@@ -359,6 +370,23 @@ def _writer(
         retries=rng.choice((0, 0, 1)),
         early_conflicts=rng.random() < 0.25,
         pause_between_rounds=round(rng.uniform(0.0, 0.2), 3),
+    )
+
+
+def _with_columns(rng: random.Random, writers: tuple[WriterPlan, ...]) -> tuple[WriterPlan, ...]:
+    """Some rounds write a column besides the four, so that writers change the table's schema while
+    others write. Drawn from a generator of their own, so that the rest of a seed's plan stays as it was."""
+    return tuple(
+        replace(
+            plan,
+            rounds=tuple(
+                replace(r, column=rng.choice(COLUMNS))
+                if r.op != "delete" and rng.random() < COLUMN_SHARE
+                else r
+                for r in plan.rounds
+            ),
+        )
+        for plan in writers
     )
 
 

@@ -250,7 +250,10 @@ class Run:
                 },
                 "fault_rate": plan.fault_rate,
                 "fault_kinds": list(plan.fault_kinds),
-                "rounds": [{"op": r.op, "rows": [vars(row) for row in r.rows]} for r in plan.rounds],
+                "rounds": [
+                    {"op": r.op, "rows": [vars(row) for row in r.rows], "column": r.column}
+                    for r in plan.rounds
+                ],
                 "events": str(self.workdir / f"w{plan.index}.events"),
                 "commit_log": str(self.workdir / "commits.log"),
                 "loaded": str(self.workdir / f"w{plan.index}.loaded"),

@@ -48,6 +48,8 @@ from cowrite.steps import Step
 from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
 from cowrite.storage.together import THREADS
 
+from .plan import extra_value
+
 
 class Events:
     def __init__(self, path: Path, worker: int, commit_log: Path) -> None:
@@ -181,15 +183,16 @@ def _wrap_storage(faults: Faults) -> None:
             _wrap(cls, name, operation, faults)
 
 
-def _rows(rows: list[dict[str, Any]]) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array([r["id"] for r in rows], pa.string()),
-            "part": pa.array([r["part"] for r in rows], pa.string()),
-            "ts": pa.array([r["ts"] for r in rows], pa.int64()),
-            "value": pa.array([r["value"] for r in rows], pa.string()),
-        }
-    )
+def _rows(rows: list[dict[str, Any]], column: str | None) -> pa.Table:
+    columns = {
+        "id": pa.array([r["id"] for r in rows], pa.string()),
+        "part": pa.array([r["part"] for r in rows], pa.string()),
+        "ts": pa.array([r["ts"] for r in rows], pa.int64()),
+        "value": pa.array([r["value"] for r in rows], pa.string()),
+    }
+    if column is not None:  # the table may not have it yet: the write adds it
+        columns[column] = pa.array([extra_value(column, r["value"]) for r in rows], pa.string())
+    return pa.table(columns)
 
 
 def run(spec: dict[str, Any]) -> int:
@@ -217,7 +220,7 @@ def run(spec: dict[str, Any]) -> int:
         events.round = number
         faults.instant = None
         try:
-            done = writer.write(_rows(round_spec["rows"]), round_spec["op"])
+            done = writer.write(_rows(round_spec["rows"], round_spec["column"]), round_spec["op"])
             events.emit("round", outcome="ok", instant=done.requested_time, completion=done.completion_time)
         except CowriteError as exc:
             events.emit("round", outcome=type(exc).__name__, instant=faults.instant, message=str(exc)[:500])

@@ -78,6 +78,8 @@ def test_quick_chaos_run_violates_no_invariant(tmp_path: Path, capsys: pytest.Ca
     assert stats.scenarios == QUICK_SCENARIOS
     assert stats.commits > 0 and stats.kills > 0 and stats.rollbacks > 0 and stats.storage_faults > 0
     assert stats.consumer_pulls > 0
+    plans = [scenario(SEED, i, QUICK) for i in range(QUICK_SCENARIOS)]
+    assert any(r.column for plan in plans for w in plan.writers for r in w.rounds)  # the schema changes
 
 
 # -- the checker has teeth ---------------------------------------------------------------------------
