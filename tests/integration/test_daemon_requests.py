@@ -47,8 +47,6 @@ class Clock:
         return getattr(time, name)
 
 
-
-
 def history(table: Table, commits: int) -> None:
     """``commits`` completed commits, a day old, written straight to the S3 server (completed files only:
     what the timeline shows of an instant once it completed)."""
