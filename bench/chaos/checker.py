@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from cowrite.cleaner import rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR
+from cowrite.engine.schema import arrow_schema
 from cowrite.errors import CowriteError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import BaseFile, list_base_files
@@ -415,7 +416,7 @@ class Checker:
         records a change there is missing (its writer died or failed right after its commit), hudi-rs does
         not see the column until the next commit: counted, not a violation."""
         schema = latest_schema(self.table, self.table.timeline())
-        kept = {field["name"] for field in json.loads(schema)["fields"]} if schema else set()
+        kept = set(arrow_schema(schema).names) if schema else set()
         for column in sorted(model.columns - kept):
             self.fail("1", f"the table's schema lost column {column}, which a completed round added")
         values = model.column_values()

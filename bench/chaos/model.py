@@ -21,9 +21,9 @@ Record = tuple[str, str, int, str, str]  # id, part, ts, value, _hoodie_commit_t
 class Model:
     rows: dict[str, Record]
     removed: set[str]  # keys a completed delete or overwrite removed (incremental reads never see that)
-    # key -> (column, value) of the extra column its stored version was written with; a key absent here
-    # was written without one, and reads null in every column the rounds added
-    extras: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # key -> the extra column its stored version was written with (its value is ``extra_value`` of the
+    # record's); a key absent here was written without one, and reads null in every column the rounds added
+    extras: dict[str, str] = field(default_factory=dict)
     columns: set[str] = field(default_factory=set)  # the columns completed rounds added to the table
 
     @classmethod
@@ -54,7 +54,7 @@ class Model:
             self.rows[row.id] = (row.id, row.part, row.ts, row.value, instant)
             self.removed.discard(row.id)
             if column is not None:
-                self.extras[row.id] = (column, extra_value(column, row.value))
+                self.extras[row.id] = column
             else:
                 self.extras.pop(row.id, None)
             written.add(row.id)
@@ -64,8 +64,8 @@ class Model:
         """Each added column's value in every stored row: column -> key -> value (None: null)."""
         return {
             column: {
-                key: extra[1] if (extra := self.extras.get(key)) and extra[0] == column else None
-                for key in self.rows
+                key: extra_value(column, record[3]) if self.extras.get(key) == column else None
+                for key, record in self.rows.items()
             }
             for column in self.columns
         }
