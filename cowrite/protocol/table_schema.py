@@ -27,7 +27,7 @@ from collections.abc import Callable
 from cowrite.errors import CommitStateUnknownError, CowriteError, SchemaError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.instant import Action, Instant, State
+from cowrite.format.instant import Action, State
 from cowrite.format.table import HeldLock, Table
 from cowrite.format.timeline import Timeline
 
@@ -78,11 +78,10 @@ def hidden(timeline: Timeline, instant: str, recorded: str, current: str) -> boo
 
 def publish_schema(
     table: Table, lock: HeldLock, now_millis: int, schema: str, extra: dict[str, str]
-) -> Instant | None:
+) -> None:
     """Complete, under ``lock``, an empty commit of a new instant, the latest, that records ``schema`` and
-    ``extra`` (what every data commit carries forward); None when that fails, which is only logged: the
-    commit it follows stands, a claim made is left to the lazy rollback, and the next commit records the
-    schema."""
+    ``extra`` (what every data commit carries forward). A failure is only logged: the commit it follows
+    stands, a claim made is left to the lazy rollback, and the next commit records the schema."""
     try:
         timeline = table.timeline()
         requested = table.claim_instant(timeline, Action.COMMIT, now_millis, lock=lock)
@@ -93,6 +92,5 @@ def publish_schema(
             raise CommitStateUnknownError(f"{done} already exists")
     except CowriteError as exc:
         log.warning("the schema of %s is recorded at an earlier instant time only: %s", table, exc)
-        return None
+        return
     table.published(done, payload)
-    return done
