@@ -5,9 +5,10 @@ a noticeable fraction of a second (see :mod:`cowrite.shutdown`): SIGTERM during 
 
 Once a command has finished — committed or failed, its heartbeats stopped, the requests it made in the
 background answered (a lock's release on an object store), its output flushed — the process ends without
-the interpreter's teardown, unless Spark ran in it (its JVM is stopped there).
-pyarrow's native thread pools can abort that teardown (``terminate called without an active
-exception``, apache/arrow#34314): a write that had committed would then exit -6 instead of 0.
+the interpreter's teardown. pyarrow's native thread pools can abort that teardown
+(``terminate called without an active exception``, apache/arrow#34314): a write that had committed, or the
+demo, would then exit -6 instead of 0. Commands stop the Spark sessions they start; Spark's JVM, a child
+pyspark started, ends by itself once this process's end closes the pipe to its standard input.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    if "pyspark" in sys.modules:
-        sys.exit(code)
     from cowrite.storage.together import finish_background
 
     finish_background()

@@ -176,6 +176,25 @@ def test_a_write_on_s3_releases_the_lock_before_the_process_ends(s3_server: S3Se
     assert any(name.startswith("lock1.published.") for name in locks)
 
 
+def test_a_command_that_imported_spark_ends_without_the_interpreters_teardown(tmp_path: Path) -> None:
+    """pyarrow's thread pools can abort the interpreter's teardown, so a command that had committed exits
+    -6: every command ends once its work is done without that teardown, those that ran Spark too (the
+    demo's consumer aborted so). An exit hook of the process shows whether the teardown ran."""
+    hooked = (
+        "import atexit, sys, pyspark.sql\n"
+        "atexit.register(lambda: print('teardown'))\n"
+        "sys.argv[0] = 'cowrite'\n"
+        "from cowrite.__main__ import main\n"
+        "main()\n"
+    )
+    for args in (["init", str(tmp_path / "t"), "--record-key", "id"], ["read", str(tmp_path / "absent")]):
+        done = subprocess.run(
+            [sys.executable, "-c", hooked, *args], capture_output=True, text=True, timeout=120
+        )
+        assert "teardown" not in done.stdout
+        assert done.returncode == (0 if args[0] == "init" else 1), done.stderr
+
+
 def test_output_formats_and_meta_columns(tmp_path: Path, inputs: Path) -> None:
     table = str(tmp_path / "orders")
     cowrite("init", table, "--record-key", "id", "--partition-field", "region", "--hive-style")

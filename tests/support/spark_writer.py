@@ -13,13 +13,15 @@ is written) the process waits at a barrier until all ``--peers`` processes reach
 round: every two writes of a round have both begun before either commits, so when they touch the same
 file group one of them must lose. The hook wraps cowrite's function in this process only.
 
-``--result`` receives JSON: per round the exit code and the instant the round began.
+``--result`` receives JSON: per round the exit code and the instant the round began. The process then ends
+without the interpreter's teardown, as the ``cowrite`` command does (:mod:`cowrite.__main__`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,4 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
