@@ -13,16 +13,13 @@ is written) the process waits at a barrier until all ``--peers`` processes reach
 round: every two writes of a round have both begun before either commits, so when they touch the same
 file group one of them must lose. The hook wraps cowrite's function in this process only.
 
-``--result`` receives JSON: per round the exit code and the instant the round began. The process then ends
-without the interpreter's teardown, as the ``cowrite`` command does (:mod:`cowrite.__main__`).
+``--result`` receives JSON: per round the exit code and the instant the round began.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from typing import Any
 from cowrite import steps
 from cowrite.cli import cli
 from cowrite.steps import Step
+from support import exit_without_teardown
 from support.spark import cluster_session, local_session
 
 
@@ -98,7 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())
