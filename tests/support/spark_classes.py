@@ -1,8 +1,8 @@
 """The class-data archive Spark's JVM starts from, made once by ``make setup``.
 
-A Spark driver loads some ten thousand classes before it runs a job; from an archive of them (the JDK's
-class-data sharing, ``-XX:SharedArchiveFile``) it starts in about two thirds of the time, and the tests and
-the demo start dozens of drivers. ``python tests/support/spark_classes.py ARCHIVE`` runs, in one local
+A Spark driver loads thousands of classes before it runs a job; from an archive of them (the JDK's
+class-data sharing, ``-XX:SharedArchiveFile``) it starts sooner, and the tests and the demo start dozens of
+drivers (figures in ``bench/README.md``). ``python tests/support/spark_classes.py ARCHIVE`` runs, in one local
 driver, what they do with Spark — a write through :class:`~cowrite.spark.SparkWriter`, a read and a
 streaming query through the data source — and its JVM writes the classes it loaded to ``ARCHIVE`` as it
 exits. The Makefile hands it to every driver through ``SPARK_SUBMIT_OPTS``; an archive a JVM cannot use
