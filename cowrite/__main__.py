@@ -5,23 +5,20 @@ a noticeable fraction of a second (see :mod:`cowrite.shutdown`): SIGTERM during 
 
 Once a command has finished — committed or failed, its heartbeats stopped, the requests it made in the
 background answered (a lock's release on an object store), its output flushed — the process ends without
-the interpreter's teardown. pyarrow's native thread pools can abort that teardown
-(``terminate called without an active exception``, apache/arrow#34314): a write that had committed, or the
-demo, would then exit -6 instead of 0. Commands stop the Spark sessions they start; Spark's JVM, a child
+the interpreter's teardown (:func:`cowrite.shutdown.exit_now`): a write that had committed, or the demo,
+would otherwise exit -6 now and then. Commands stop the Spark sessions they start; Spark's JVM, a child
 pyspark started, ends by itself once this process's end closes the pipe to its standard input.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
+
+from cowrite.shutdown import catch, exit_now
 
 
 def main() -> None:
     if sys.argv[1:2] == ["daemon"]:
-        from cowrite.shutdown import catch
-
         catch()
     from cowrite.cli import main as run
 
@@ -32,13 +29,7 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    from cowrite.storage.together import finish_background
-
-    finish_background()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import heartbeat_path
 from cowrite.protocol.transaction import WriteOptions
+from cowrite.shutdown import exit_now
 from cowrite.steps import Step
 from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
 from cowrite.storage.together import THREADS
@@ -244,4 +245,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -55,8 +55,8 @@ def in_background(storage: Storage, call: Callable[[], object], what: str) -> Fu
     """Make the requests of ``call`` without waiting for them where each is a round trip, and return
     the future of whether it succeeded (a failure is logged as ``what`` failing); on local disk, make
     them now and return None. A process that exits finishes the work first (the pool's threads are joined
-    at exit); one that ends with ``os._exit`` must call :func:`finish_background` before, and one killed
-    leaves the work undone."""
+    at exit, and :func:`cowrite.shutdown.exit_now` calls :func:`finish_background`); one that ends with
+    a bare ``os._exit`` or is killed leaves the work undone."""
     if not storage.round_trips:
         call()
         return None

@@ -4,8 +4,6 @@
 ``ROOT`` is the repository (``bench/``, the chart, the Dockerfile).
 """
 
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +23,3 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -
         time.sleep(0.01)
     return result
 
-
-def exit_without_teardown(code: int) -> None:
-    """End a harness process that ran Spark as the ``cowrite`` command ends (:mod:`cowrite.__main__`): its
-    output flushed, without the interpreter's teardown, which pyarrow's thread pools can abort (exit -6)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

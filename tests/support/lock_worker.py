@@ -23,6 +23,7 @@ from cowrite.format.config import Config
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 from cowrite.protocol.locks.lock_files import collect_garbage
+from cowrite.shutdown import exit_now
 from cowrite.storage.backend import Storage
 
 
@@ -74,3 +75,4 @@ def hold(spec: dict[str, Any]) -> None:
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]
     {"sections": run_sections, "hold": hold}[mode](json.loads(raw))
+    exit_now(0)

@@ -26,8 +26,8 @@ from typing import Any
 
 from cowrite import steps
 from cowrite.cli import cli
+from cowrite.shutdown import exit_now
 from cowrite.steps import Step
-from support import exit_without_teardown
 from support.spark import cluster_session, local_session
 
 
@@ -96,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    exit_now(main())

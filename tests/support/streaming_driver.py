@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cowrite.shutdown import exit_now
 from cowrite.spark import upsert_each_batch
 from cowrite.steps import Pause, Step, observe
-from support import exit_without_teardown
 from support.spark import local_session
 
 SCHEMA = "id string, part string, ts long, value string"
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    exit_now(main())

@@ -69,6 +69,7 @@ from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter, Operation
 from cowrite.protocol.locks import filesystem
 from cowrite.protocol.transaction import WriteOptions
+from cowrite.shutdown import exit_now
 from cowrite.steps import PAUSE_TIMED_OUT, Pause, Step
 from cowrite.storage.backend import Storage
 
@@ -310,4 +311,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
