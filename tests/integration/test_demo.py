@@ -16,6 +16,8 @@ from cowrite.format.instant import Action, State
 from cowrite.format.table import Table
 from cowrite.protocol.txn import TXN_VERSION_KEY
 
+pytestmark = pytest.mark.xdist_group("spark-drivers")  # one after another: see the Makefile's test target
+
 
 @pytest.mark.slow
 def test_the_demo_runs_end_to_end_and_claims_only_what_it_checked(tmp_path: Path) -> None:

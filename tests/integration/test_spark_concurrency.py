@@ -46,6 +46,8 @@ JOBS = {
     ],
 }
 
+pytestmark = pytest.mark.xdist_group("spark-drivers")  # one after another: see the Makefile's test target
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "cluster-s3"])

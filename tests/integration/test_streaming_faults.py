@@ -45,7 +45,8 @@ from cowrite.protocol.txn import TXN_VERSION_KEY
 from cowrite.spark import options as spark_keys
 from cowrite.spark import register
 
-pytestmark = pytest.mark.slow
+# one after another on one worker: see the Makefile's test target
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-drivers")]
 
 BATCHES = 8
 # A killed driver's lease ends soon after its last renewal, so the restarts do not wait long: 3 s, the
