@@ -16,7 +16,8 @@ from cowrite.format.instant import Action, State
 from cowrite.format.table import Table
 from cowrite.protocol.txn import TXN_VERSION_KEY
 
-pytestmark = pytest.mark.xdist_group("spark-drivers")  # one after another: see the Makefile's test target
+# one after another on one worker: see the Makefile's test target
+pytestmark = pytest.mark.xdist_group("spark-drivers")
 
 
 @pytest.mark.slow

@@ -46,7 +46,8 @@ JOBS = {
     ],
 }
 
-pytestmark = pytest.mark.xdist_group("spark-drivers")  # one after another: see the Makefile's test target
+# one after another on one worker: see the Makefile's test target
+pytestmark = pytest.mark.xdist_group("spark-drivers")
 
 
 @pytest.mark.slow
