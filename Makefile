@@ -34,11 +34,8 @@ $(VENV)/.installed: pyproject.toml
 $(SPARK_CLASSES): $(VENV)/.installed
 	$(BIN)/python tests/support/spark_classes.py $@
 
-# Two workers: most tests wait on processes, servers and round trips far more than they compute. Tests that
-# start Spark drivers of their own (xdist_group "spark-drivers") run one after another on one worker: side
-# by side, on two cores, their JVMs would slow each other's drivers past the short leases the tests give.
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

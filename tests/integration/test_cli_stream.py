@@ -28,8 +28,7 @@ from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.txn import TXN_VERSION_KEY
 
-# one after another on one worker: see the Makefile's test target
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-drivers")]
+pytestmark = pytest.mark.slow
 
 COWRITE = [sys.executable, "-m", "cowrite"]
 SPARK = ["--master", "local[1]", "-o", "spark.ui.enabled=false"]

@@ -16,9 +16,6 @@ from cowrite.format.instant import Action, State
 from cowrite.format.table import Table
 from cowrite.protocol.txn import TXN_VERSION_KEY
 
-# one after another on one worker: see the Makefile's test target
-pytestmark = pytest.mark.xdist_group("spark-drivers")
-
 
 @pytest.mark.slow
 def test_the_demo_runs_end_to_end_and_claims_only_what_it_checked(tmp_path: Path) -> None:

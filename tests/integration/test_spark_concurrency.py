@@ -46,9 +46,6 @@ JOBS = {
     ],
 }
 
-# one after another on one worker: see the Makefile's test target
-pytestmark = pytest.mark.xdist_group("spark-drivers")
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "cluster-s3"])

@@ -45,8 +45,7 @@ from cowrite.protocol.txn import TXN_VERSION_KEY
 from cowrite.spark import options as spark_keys
 from cowrite.spark import register
 
-# one after another on one worker: see the Makefile's test target
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-drivers")]
+pytestmark = pytest.mark.slow
 
 BATCHES = 8
 # A killed driver's lease ends soon after its last renewal, so the restarts do not wait long: 3 s, the
