@@ -9,8 +9,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Every Spark driver the tests and the demo start loads its classes from this archive, made once at set-up
 # (tests/support/spark_classes.py), and starts sooner; a driver that cannot use it starts as without it.
+# Their drivers live seconds and run small jobs: the quick compiler alone (no second, optimising one
+# competing for two cores) and the serial collector start them sooner still (figures in bench/README.md).
 SPARK_CLASSES := $(abspath $(VENV))/spark-classes.jsa
-export SPARK_SUBMIT_OPTS += -XX:SharedArchiveFile=$(SPARK_CLASSES) -Xlog:cds=off -Xlog:cds+dynamic=off
+export SPARK_SUBMIT_OPTS += -XX:SharedArchiveFile=$(SPARK_CLASSES) -Xlog:cds=off -Xlog:cds+dynamic=off \
+	-XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 
 .PHONY: setup test unit demo bench lint
 
