@@ -23,18 +23,10 @@ settings.load_profile("cowrite")
 
 
 @pytest.fixture(scope="session")
-def s3_host() -> Iterator[S3Server]:
-    """Moto's S3 server, one for the whole run."""
+def s3_server() -> Iterator[S3Server]:
+    """Moto's S3 server with one bucket, ``s3_server.bucket``."""
     with S3Server() as server:
         yield server
-
-
-@pytest.fixture
-def s3_server(s3_host: S3Server) -> S3Server:
-    """The S3 server with a bucket of this test's own, ``s3_server.bucket``. Moto walks every key of a
-    bucket to list any prefix of it: in one bucket for the whole run, each test's listings would take
-    longer than the last one's."""
-    return s3_host.with_bucket(f"cowrite-test-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_host: S3Server) -> Iterator[ProxyProcess]:
+def proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
     """The S3 server behind a proxy that counts and traces every request (no delay)."""
-    with ProxyProcess(s3_host.endpoint_url, delay=0.0) as running:
+    with ProxyProcess(s3_server.endpoint_url, delay=0.0) as running:
         yield running

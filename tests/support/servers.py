@@ -8,7 +8,6 @@ A missing prerequisite raises :class:`RuntimeError` saying how to install it: te
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import logging
 import os
@@ -151,14 +150,6 @@ class S3Server:
         self.endpoint_url = f"http://{_HOST}:{port}"
         self.create_bucket(self.bucket)
         return self
-
-    def with_bucket(self, bucket: str) -> S3Server:
-        """This server with a new, empty bucket ``bucket``: the one the returned server's ``bucket`` names.
-        Stopping the returned server stops nothing; this one's owner stops the process."""
-        self.create_bucket(bucket)
-        other = copy.copy(self)
-        other.bucket, other._process = bucket, None
-        return other
 
     def stop(self) -> None:
         if self._process is None:
