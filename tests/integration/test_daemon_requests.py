@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -23,12 +22,14 @@ from cowrite.daemon import service as daemon_service
 from cowrite.daemon.config import DaemonConfig, TableEntry
 from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
+from cowrite.engine.schema import avro_schema
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis
 from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.transaction import Transaction, WriteOptions
+from cowrite.protocol.txn import CommittedTxns
 
 INTERVAL_MS = 1000  # the tables' heartbeat interval: how often an idle poll also looks at the locks
 
@@ -47,20 +48,23 @@ class Clock:
         return getattr(time, name)
 
 
-def history(table: Table, commits: int) -> None:
-    """``commits`` completed commits, a day old, written straight to the S3 server (completed files only:
-    what the timeline shows of an instant once it completed)."""
+def history(s3_server: S3Server, table: Table, commits: int) -> None:
+    """``commits`` completed commits, a day old, stored straight into the S3 server in one request
+    (completed files only: what the timeline shows of an instant once it completed). Each records the
+    schema of the rows the tests write and the applications' versions (none), as a commit of cowrite's
+    does: a writer reads the newest commit for them and looks back no further."""
     start = int((time.time() - 86_400) * 1000)
-
-    def commit(n: int) -> None:
+    root = table.uri.removeprefix(f"s3://{s3_server.bucket}/")
+    schema = avro_schema(rows(["k0"]).schema, table.name)
+    files = {}
+    for n in range(commits):
         requested, completed = from_millis(start + 10 * n), from_millis(start + 10 * n + 5)
         path = f"p0/f{n}-0_0-0-0_{requested}.parquet"
-        metadata = CommitMetadata("insert", (WriteStat(f"f{n}-0", path, "p0", "null", 1, 1, 0, 0, 10),))
+        stat = WriteStat(f"f{n}-0", path, "p0", "null", 1, 1, 0, 0, 10)
+        metadata = CommitMetadata("insert", (stat,), schema=schema, extra=CommittedTxns().extra(None))
         instant = Instant(requested, Action.COMMIT, State.COMPLETED, completed)
-        table.storage.write(table.instant_path(instant), metadata.to_bytes(Action.COMMIT))
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(commit, range(commits)))
+        files[f"{root}/{table.instant_path(instant)}"] = metadata.to_bytes(Action.COMMIT)
+    s3_server.load(s3_server.bucket, files)
 
 
 def served(
@@ -80,7 +84,7 @@ def served(
         partition_fields=["part"],
         storage_options=s3_server.storage_options(),
     )
-    history(table, commits)
+    history(s3_server, table, commits)
     for name, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(daemon_service, "time", clock)
