@@ -38,6 +38,9 @@ class Step(enum.StrEnum):
     WRITTEN = "written"  # every file written: the commit begins (it takes the lock next)
     LOCKED = "locked"  # the table lock is held for the commit, before the conflict checks
     CHECKED = "checked"  # every check passed; the completed file comes next (the unsafe window)
+    # the completed file exists, and readers that go by instant times miss the schema change it made: an
+    # empty commit records the schema next (lock held)
+    RECORDING_SCHEMA = "recording-schema"
     PUBLISHED = "published"  # the completed file exists, the lock still held (``completion``, ``lock``)
     ABORTING = "aborting"  # the write gives up (details: ``cause``); its rollback may follow
     RENEWED = "renewed"  # the heartbeat file was rewritten (details: ``storage``)

@@ -63,6 +63,7 @@ from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.locks.factory import FILESYSTEM, provider_name
 from cowrite.protocol.locks.lock_files import acquired_path, collect_garbage, expire_lock, judge_holder
+from cowrite.protocol.table_schema import record_unseen_schema
 from cowrite.storage.backend import FileInfo
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class TableService:
                 # (on object stores) what the timeline holds below the follower's start point.
                 collect_heartbeats(table, self.policy)
                 self.follower.full_look_due = self.follower.archive_due = True
+                with self._timed("schema"):  # a change of schema readers by instant times miss, recorded
+                    record_unseen_schema(table, self.lock, int(time.time() * 1000))
             except Exception as exc:
                 log.error("cleaning %s failed: %s", self.name, exc, exc_info=exc)
 
@@ -375,8 +378,16 @@ class TableService:
             self.metrics.lock_wait.labels(self.name).observe(waited)
         self.state.lock_waits.clear()
 
-    def _timed(self, service: str) -> _Timed:
-        return _Timed(self.metrics, self.name, service)
+    @contextlib.contextmanager
+    def _timed(self, service: str) -> Iterator[None]:
+        """Count a cleaner run and its duration, by outcome."""
+        started, outcome = time.monotonic(), "error"
+        try:
+            yield
+            outcome = "ok"
+        finally:
+            self.metrics.cleaner_duration.labels(self.name, service).observe(time.monotonic() - started)
+            self.metrics.cleaner_runs.labels(self.name, service, outcome).inc()
 
     def _count_garbage(self, table: Table, pending: Sequence[PendingInstant]) -> tuple[int, int]:
         files = size = 0
@@ -411,28 +422,11 @@ def _turn_without_collector(turn: threading.Lock) -> Iterator[None]:
 
 
 def _stat_if_present(table: Table, path: str) -> FileInfo | None:
-    """A file's size and time, or None if it is not there (never written, or deleted since it was listed
-    or planned: a concurrent rollback)."""
+    """A file's size and time, or None if it is not there (never written, or deleted since: a rollback)."""
     try:
         return table.storage.stat(path)
     except FileNotFoundError:
         return None
-
-
-class _Timed:
-    """Counts a cleaner run and its duration, by outcome."""
-
-    def __init__(self, metrics: DaemonMetrics, table: str, service: str) -> None:
-        self.metrics, self.table, self.service = metrics, table, service
-
-    def __enter__(self) -> None:
-        self.started = time.monotonic()
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        self.metrics.cleaner_duration.labels(self.table, self.service).observe(
-            time.monotonic() - self.started
-        )
-        self.metrics.cleaner_runs.labels(self.table, self.service, "ok" if kind is None else "error").inc()
 
 
 def _poll_job(index: int) -> str:

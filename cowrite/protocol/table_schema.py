@@ -16,7 +16,9 @@ with a conflict, and commits nothing.
 Readers that take the table's schema from the commit of the latest instant time (hudi-rs, for one) would
 not see a change made by a commit that completed after a rival of a later instant time. Such a commit is
 followed, in the same turn of the lock, by an empty commit of a new instant that records the schema
-(:func:`publish_schema`; Hudi's operation ``alter_schema``, as its ``ALTER TABLE`` makes).
+(:func:`publish_schema`; Hudi's operation ``alter_schema``, as its ``ALTER TABLE`` makes). A writer that
+dies or fails between the two leaves the change unseen by those readers until the next commit; the
+daemon's cleaning records it (:func:`record_unseen_schema`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from collections.abc import Callable
 from cowrite.errors import CommitStateUnknownError, CowriteError, SchemaError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.instant import Action, State
+from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import HeldLock, Table
 from cowrite.format.timeline import Timeline
+from cowrite.protocol.locks import TableLock
+from cowrite.protocol.txn import TXNS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +80,40 @@ def hidden(timeline: Timeline, instant: str, recorded: str, current: str) -> boo
     return recorded != current and bool(timeline.data_commits().after(instant))
 
 
+def unseen_schema(table: Table, timeline: Timeline) -> str | None:
+    """The table's schema as of ``timeline`` when the commit of the latest instant time records another
+    (readers that go by instant times miss it), else None. A commit that records none is left alone."""
+    latest = timeline.data_commits().last
+    if latest is None:
+        return None
+    recorded, current = table.commit_metadata(latest).schema, latest_schema(table, timeline)
+    return current if recorded and current and recorded != current else None
+
+
+def record_unseen_schema(table: Table, lock: TableLock, now_millis: int) -> Instant | None:
+    """Record the table's schema at the latest instant time (:func:`publish_schema`) where readers that go
+    by instant times miss it; the commit made, or None when none was needed or it could not be made (a
+    failure is logged). Takes the lock only when a listing without it shows the need; raises what taking
+    the lock raises."""
+    if unseen_schema(table, table.timeline()) is None:
+        return None
+    with lock:
+        timeline = table.timeline()
+        schema = unseen_schema(table, timeline)
+        if schema is None:  # a writer recorded it meanwhile
+            return None
+        newest = table.commit_metadata(timeline.data_commits().in_completion_order()[-1])
+        carries = {k: v for k, v in newest.extra.items() if k == TXNS_KEY}
+        return publish_schema(table, lock, now_millis, schema, carries)
+
+
 def publish_schema(
     table: Table, lock: HeldLock, now_millis: int, schema: str, extra: dict[str, str]
-) -> None:
+) -> Instant | None:
     """Complete, under ``lock``, an empty commit of a new instant, the latest, that records ``schema`` and
-    ``extra`` (what every data commit carries forward). A failure is only logged: the commit it follows
-    stands, a claim made is left to the lazy rollback, and the next commit records the schema."""
+    ``extra`` (what every data commit carries forward); return it. A failure is only logged (None): the
+    commit it follows stands, a claim made is left to the lazy rollback, and the daemon's cleaning or the
+    next commit records the schema."""
     try:
         timeline = table.timeline()
         requested = table.claim_instant(timeline, Action.COMMIT, now_millis, lock=lock)
@@ -92,5 +124,6 @@ def publish_schema(
             raise CommitStateUnknownError(f"{done} already exists")
     except CowriteError as exc:
         log.warning("the schema of %s is recorded at an earlier instant time only: %s", table, exc)
-        return
+        return None
     table.published(done, payload)
+    return done

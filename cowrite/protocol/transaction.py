@@ -406,6 +406,7 @@ class Transaction:
         if reverted is not None:
             self._publish_revert(reverted, metadata)
         elif alter:
+            reached(Step.RECORDING_SCHEMA, self.instant_time)
             now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
             publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done

@@ -22,10 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from support import TESTS
+from support import TESTS, hudi_rs
 from support.daemon import (
     POLL,
     WAIT,
@@ -62,12 +64,14 @@ from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import PROPERTIES_FILE, Table
+from cowrite.local import read
 from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
 from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock
 from cowrite.protocol.sketch import MARK
+from cowrite.protocol.table_schema import ALTER_SCHEMA, latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions
 
 LOCK_WORKER = TESTS / "support" / "lock_worker.py"
@@ -480,6 +484,55 @@ def test_the_cleaner_runs_on_schedule_and_keeps_the_last_n_commits(target: Targe
         == latest
         == [("k1", "p0", "v5", versions[4].requested_time), ("k2", "p0", "v5", versions[4].requested_time)]
     )
+
+
+@pytest.mark.parametrize("process_target", ["local", "s3"], indirect=True)
+def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_time_is_recorded_by_the_cleaner(
+    process_target: Target, processes: Processes
+) -> None:
+    """Writer A adds a column and commits after a writer of a later instant time; killed with SIGKILL
+    before the empty commit that records the schema at the latest instant time, it leaves hudi-rs, which
+    takes the schema from there, without the column. The daemon's cleaning records it, once."""
+    target = process_target
+    target.create()
+    table = target.table()
+    seed = writer(table).insert(rows(["s"], "p0"))
+    batch, turns = processes.directory / "a.parquet", processes.directory / "turns"
+    turns.mkdir()
+    pq.write_table(rows(["a"], "p1").append_column("extra", pa.array([7], pa.int64())), batch)
+    # A writes its files, then waits for turn 1 to commit; it stops at the empty commit, to be killed
+    turn = ["--turn-dir", str(turns), "--turn", "1", "--turns", "2"]
+    a = processes.writer(target, batch, "a", "recording-schema", more=turn)
+    wait_until(lambda: table.timeline().pending(), "A to claim its instant")
+    later = writer(table).insert(rows(["b"], "p2"))  # a later instant time, completed first
+    (turns / "turn-1").touch()
+    a_instant = processes.paused(a, "a")["instant"]
+    kill(a)
+
+    def operations() -> list[str]:
+        return [table.commit_metadata(i).operation for i in table.timeline().data_commits()]
+
+    assert seed.requested_time < a_instant < later.requested_time
+    assert operations() == ["insert", "upsert", "insert"]  # in the order of instant times
+    assert all("extra" not in row for row in hudi_rs.snapshot(target.uri, target.storage_options))
+
+    with target.serving(clean_interval=0.3) as daemon:
+        wait_until(lambda: operations()[-1] == ALTER_SCHEMA, "the schema recorded", timeout=WAIT)
+
+        def runs() -> float:
+            return count(daemon, "cowrite_cleaner_runs_total", table="orders", service="schema", outcome="ok")
+
+        recorded = runs()
+        wait_until(lambda: runs() >= recorded + 2, "two cleanings more")
+    assert operations() == ["insert", "upsert", "insert", ALTER_SCHEMA]  # recorded once
+    alter = table.timeline().data_commits().last
+    assert alter is not None and table.commit_metadata(alter).write_stats == ()
+    assert table.commit_metadata(alter).schema == latest_schema(table, table.timeline())
+    expected = [("a", "p1", 7), ("b", "p2", None), ("s", "p0", None)]
+    mine = read.snapshot(target.table()).to_pylist()
+    theirs = hudi_rs.snapshot(target.uri, target.storage_options)
+    for found in (mine, theirs):
+        assert sorted((r["id"], r["part"], r["extra"]) for r in found) == expected
 
 
 # -- HTTP --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,17 +205,20 @@ class Processes:
     def writer(
         self,
         target: Target,
-        groups: list[dict[str, Any]],
+        groups: list[dict[str, Any]] | Path,
         name: str,
         pause_at: str,
         release_by_file: bool = False,
+        more: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
+        """A writer process (``writer_process``) of ``groups`` (a JSON spec, or a parquet file of rows)
+        that pauses at ``pause_at``; ``more``: further options of it."""
+        batch = ["--batch-file", str(groups)] if isinstance(groups, Path) else ["--batch", json.dumps(groups)]
         command = [
             sys.executable,
             str(WORKER),
             target.uri,
-            "--batch",
-            json.dumps(groups),
+            *batch,
             "--lock-provider",
             "filesystem",
             "--storage-options",
@@ -233,7 +236,7 @@ class Processes:
             command += ["-o", f"{key}={value}"]
         if release_by_file:
             command += ["--go-file", str(self.directory / f"{name}.go")]
-        return self.start(command, target.env, name)
+        return self.start([*command, *more], target.env, name)
 
     def paused(self, process: subprocess.Popen[bytes], name: str) -> dict[str, Any]:
         """Wait for a writer to reach its pause; its pid, step and instant."""
