@@ -25,6 +25,10 @@ locked        holding the table lock for the commit (``Step.LOCKED``)
 published     the completed instant exists, the lock is still held (``Step.PUBLISHED``)
 ============  ====================================================================================
 
+Between locked and published, ``recording-schema`` (``Step.RECORDING_SCHEMA``) is reached only by a commit
+whose schema change readers that go by instant times would miss: its completed instant exists, and an
+empty commit records the schema next.
+
 ``--fail-at lock-rescan`` injects a storage failure instead of a pause: the listing a filesystem lock makes
 right after creating its ``lock<id>.acquired`` raises :class:`~cowrite.errors.StorageError` (once).
 
