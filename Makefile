@@ -15,7 +15,7 @@ SPARK_CLASSES := $(abspath $(VENV))/spark-classes.jsa
 export SPARK_SUBMIT_OPTS += -XX:SharedArchiveFile=$(SPARK_CLASSES) -Xlog:cds=off -Xlog:cds+dynamic=off \
 	-XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 
-.PHONY: setup test unit demo bench lint
+.PHONY: setup bytecode test unit demo bench lint
 
 setup: $(VENV)/.installed $(SPARK_CLASSES)
 
@@ -37,13 +37,20 @@ $(VENV)/.installed: pyproject.toml
 $(SPARK_CLASSES): $(VENV)/.installed
 	$(BIN)/python tests/support/spark_classes.py $@
 
-test: setup
+# Every process the tests and the demo start imports cowrite. Where PYTHONDONTWRITEBYTECODE is set, Python
+# writes no bytecode, and each process compiled cowrite's modules anew; compiled here once (a second or two,
+# and nothing for files already compiled), they are loaded instead. A module edited since is compiled again:
+# Python compares the source's time. Figures in bench/README.md.
+bytecode: setup
+	$(BIN)/python -m compileall -q cowrite tests bench
+
+test: bytecode
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-unit: setup
+unit: bytecode
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
-demo: setup
+demo: bytecode
 	$(BIN)/cowrite demo
 
 bench: setup
