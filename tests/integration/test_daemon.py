@@ -503,7 +503,8 @@ def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_tim
     # A writes its files, then waits for turn 1 to commit; it stops at the empty commit, to be killed
     turn = ["--turn-dir", str(turns), "--turn", "1", "--turns", "2"]
     a = processes.writer(target, batch, "a", "recording-schema", more=turn)
-    wait_until(lambda: table.timeline().pending(), "A to claim its instant")
+    # planned, A's instant time is final (a claim that finds a later one beside it is made again, later)
+    wait_until(lambda: table.timeline().pending().filter(states=[State.INFLIGHT]), "A to plan its write")
     later = writer(table).insert(rows(["b"], "p2"))  # a later instant time, completed first
     (turns / "turn-1").touch()
     a_instant = processes.paused(a, "a")["instant"]
