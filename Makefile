@@ -38,7 +38,7 @@ $(SPARK_CLASSES): $(VENV)/.installed
 	$(BIN)/python tests/support/spark_classes.py $@
 
 # Every process the tests and the demo start imports cowrite. Where PYTHONDONTWRITEBYTECODE is set, Python
-# writes no bytecode, and each process compiled cowrite's modules anew; compiled here once (a second or two,
+# writes no bytecode, and each process compiled cowrite's modules anew; compiled here once (under a second,
 # and nothing for files already compiled), they are loaded instead. A module edited since is compiled again:
 # Python compares the source's time. Figures in bench/README.md.
 bytecode: setup
