@@ -33,7 +33,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import HeldLock, Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks import TableLock
-from cowrite.protocol.txn import TXNS_KEY
+from cowrite.protocol.txn import CommittedTxns
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,7 @@ def record_unseen_schema(table: Table, lock: TableLock, now_millis: int) -> Inst
         schema = unseen_schema(table, timeline)
         if schema is None:  # a writer recorded it meanwhile
             return None
-        newest = table.commit_metadata(timeline.data_commits().in_completion_order()[-1])
-        carries = {k: v for k, v in newest.extra.items() if k == TXNS_KEY}
+        carries = CommittedTxns.of(table, timeline).extra(None)
         return publish_schema(table, lock, now_millis, schema, carries)
 
 
