@@ -4,6 +4,7 @@ bootstrap."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -145,17 +146,23 @@ def rollback(path: str, options: Sequence[str]) -> None:
 @click.option("--retain", type=int, help="Commits to retain (default: hoodie.cleaner.commits.retained, 10).")
 @click.option("--option", "-o", "options", multiple=True, help="Setting KEY=VALUE.")
 def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
-    """Delete file versions that the last N commits no longer need, once."""
+    """Delete file versions that the last N commits no longer need, once; then, as the daemon's cleaning
+    does, record the table's schema at the latest instant time where a writer died before it could."""
     from cowrite.cleaner import clean as run_clean
     from cowrite.cleaner import service_lock
+    from cowrite.protocol.table_schema import record_unseen_schema
 
     try:
         table = with_settings(Table.load(path), options)
         retained = retain if retain is not None else table.config.get(keys.CLEANER_COMMITS_RETAINED)
-        done = run_clean(table, service_lock(table), retained)
+        lock = service_lock(table)
+        done = run_clean(table, lock, retained)
+        recorded = record_unseen_schema(table, lock, int(time.time() * 1000))
     except CowriteError as exc:
         fail(exc)
     click.echo(f"deleted {len(done.deleted)} files ({done.clean.file_name})" if done else "nothing to clean")
+    if recorded is not None:
+        click.echo(f"recorded the table's schema at the latest instant time ({recorded.file_name})")
 
 
 @cli.command()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -486,13 +487,18 @@ def test_the_cleaner_runs_on_schedule_and_keeps_the_last_n_commits(target: Targe
     )
 
 
-@pytest.mark.parametrize("process_target", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize(
+    ("process_target", "cleaner"),
+    [("local", "daemon"), ("s3", "daemon"), ("local", "cowrite clean")],
+    indirect=["process_target"],
+)
 def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_time_is_recorded_by_the_cleaner(
-    process_target: Target, processes: Processes
+    process_target: Target, cleaner: str, processes: Processes
 ) -> None:
     """Writer A adds a column and commits after a writer of a later instant time; killed with SIGKILL
     before the empty commit that records the schema at the latest instant time, it leaves hudi-rs, which
-    takes the schema from there, without the column. The daemon's cleaning records it, once."""
+    takes the schema from there, without the column. The daemon's cleaning records it, once; so does the
+    one-off ``cowrite clean``."""
     target = process_target
     target.create()
     table = target.table()
@@ -517,14 +523,25 @@ def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_tim
     assert operations() == ["insert", "upsert", "insert"]  # in the order of instant times
     assert all("extra" not in row for row in hudi_rs.snapshot(target.uri, target.storage_options))
 
-    with target.serving(clean_interval=0.3) as daemon:
-        wait_until(lambda: operations()[-1] == ALTER_SCHEMA, "the schema recorded", timeout=WAIT)
+    if cleaner == "daemon":
+        with target.serving(clean_interval=0.3) as daemon:
+            wait_until(lambda: operations()[-1] == ALTER_SCHEMA, "the schema recorded", timeout=WAIT)
 
-        def runs() -> float:
-            return count(daemon, "cowrite_cleaner_runs_total", table="orders", service="schema", outcome="ok")
+            def runs() -> float:
+                return count(
+                    daemon, "cowrite_cleaner_runs_total", table="orders", service="schema", outcome="ok"
+                )
 
-        recorded = runs()
-        wait_until(lambda: runs() >= recorded + 2, "two cleanings more")
+            recorded = runs()
+            wait_until(lambda: runs() >= recorded + 2, "two cleanings more")
+    else:
+        outputs = [clean_once(target) for _ in range(2)]
+        alter = table.timeline().data_commits().last
+        assert alter is not None
+        assert outputs == [
+            f"nothing to clean\nrecorded the table's schema at the latest instant time ({alter.file_name})\n",
+            "nothing to clean\n",
+        ]
     assert operations() == ["insert", "upsert", "insert", ALTER_SCHEMA]  # recorded once
     alter = table.timeline().data_commits().last
     assert alter is not None and table.commit_metadata(alter).write_stats == ()
@@ -534,6 +551,16 @@ def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_tim
     theirs = hudi_rs.snapshot(target.uri, target.storage_options)
     for found in (mine, theirs):
         assert sorted((r["id"], r["part"], r["extra"]) for r in found) == expected
+
+
+def clean_once(target: Target) -> str:
+    """What ``cowrite clean`` prints on the table, with its settings, which it must clean without an
+    error (it expires the lock a killed writer left, and says so on stderr)."""
+    settings = [arg for key, value in target.settings.items() for arg in ("-o", f"{key}={value}")]
+    command = [sys.executable, "-m", "cowrite", "clean", target.uri, *settings]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
 
 
 # -- HTTP --------------------------------------------------------------------------------------------
