@@ -89,10 +89,18 @@ class Run:
         self.started.append(process)
         return process
 
-    def driver(self, name: str, *options: str) -> subprocess.Popen[bytes]:
+    def driver(self, name: str) -> subprocess.Popen[bytes]:
+        """A driver on standby: it starts its Spark session now and its query at :meth:`go`, so that its
+        JVM starts while the driver before it runs."""
         command = [sys.executable, "-m", "support.streaming_driver", self.uri, str(self.source)]
         command += [str(self.directory / "checkpoint"), "--storage-options", json.dumps(self.storage_options)]
-        return self.start(name, [*command, *options])
+        return self.start(name, [*command, "--standby", str(self.directory / f"{name}.go")])
+
+    def go(self, name: str, *options: str) -> None:
+        """Start the query of driver ``name`` with ``options``."""
+        temp = self.directory / f".{name}.go"
+        temp.write_text(json.dumps(options))
+        temp.rename(self.directory / f"{name}.go")  # the driver never reads half of it
 
     def stderr(self, name: str) -> str:
         return (self.directory / f"{name}.stderr").read_text(errors="replace")[-4000:]
@@ -150,23 +158,25 @@ def test_a_streaming_ingestion_killed_at_random_points_beside_a_backfill_writes_
     )
 
     kills = [rng.choice(BEFORE), rng.choice(DURING), "random", rng.choice(DURING), rng.choice(AFTER)]
+    driver = run.driver("driver-0")
     for number, point in enumerate(kills):
-        name = f"driver-{number}-{point}"
-        signal_file = run.directory / f"{name}.signal"
+        name, following = f"driver-{number}", run.driver(f"driver-{number + 1}")
+        signal_file = run.directory / f"{name}-{point}.signal"
         if point == "random":
-            driver = run.driver(name, "--started-file", str(signal_file))
+            run.go(name, "--started-file", str(signal_file))
             _wait_for(signal_file, f"{name} to start", run, name, driver)
             time.sleep(rng.uniform(0.0, 3.0))
         else:
             batch = max(run.committed_batches(), default=-1) + 1
-            assert batch < BATCHES, f"no micro-batch left to kill {name} in {replay}"
-            pause = ["--pause-at", point, "--pause-batch", str(batch), "--ready-file", str(signal_file)]
-            driver = run.driver(name, *pause)
+            assert batch < BATCHES, f"no micro-batch left to kill {name} at {point} in {replay}"
+            run.go(name, "--pause-at", point, "--pause-batch", str(batch), "--ready-file", str(signal_file))
             _wait_for(signal_file, f"{name} to reach {point} of micro-batch {batch}", run, name, driver)
         run.kill(driver)
+        driver = following
 
-    last = run.driver("driver-last")
-    assert last.wait(timeout=WAIT) == 0, f"the last run failed {replay}:\n{run.stderr('driver-last')}"
+    last = f"driver-{len(kills)}"
+    run.go(last)
+    assert driver.wait(timeout=WAIT) == 0, f"the last run failed {replay}:\n{run.stderr(last)}"
     assert backfill.wait(timeout=WAIT) == 0, f"the backfill failed {replay}:\n{run.stderr('backfill')}"
 
     assert sorted(run.committed_batches()) == list(range(BATCHES)), f"each micro-batch once {replay}"

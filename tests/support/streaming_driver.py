@@ -6,28 +6,35 @@ upserts every JSON file of SOURCE into TABLE, one file per micro-batch, through
 present when the query started is written (``availableNow``) and exits 0. Records are
 ``{"id", "part", "ts", "value"}``: the shape of the tests' tables (``support.tables.new_table``).
 
-``--started-file`` is written once the query runs. ``--pause-at STEP --pause-batch N --ready-file F`` stop
-the driver in micro-batch N: at STEP, a step of :mod:`cowrite.steps` that the driver reaches while it
-commits (``requested``, ``planned``, ``written``, ``locked``, ``checked``, ``published``), or at
-``committed``, when the batch's write has returned and Spark has not recorded the batch yet. There it
-writes F and waits to be killed (:class:`cowrite.steps.Pause`); after ``--pause-timeout`` seconds it exits 9
-(the test that should have killed it is gone).
+``--standby GO`` starts the Spark session, then waits for the file GO, which holds the run's further
+arguments (a JSON list), before the query starts: starting the JVM is most of a driver's time, and a test
+can start the next driver while the one before it runs. ``--started-file`` is written once the query
+runs. ``--pause-at STEP --pause-batch N --ready-file F`` stop the driver in micro-batch N: at STEP, a
+step of :mod:`cowrite.steps` that the driver reaches while it commits (``requested``, ``planned``,
+``written``, ``locked``, ``checked``, ``published``), or at ``committed``, when the batch's write has
+returned and Spark has not recorded the batch yet. There it writes F and waits to be killed
+(:class:`cowrite.steps.Pause`); after ``--pause-timeout`` seconds it exits 9 (the test that should have
+killed it is gone).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from cowrite.shutdown import exit_now
 from cowrite.spark import upsert_each_batch
-from cowrite.steps import Pause, Step, observe
+from cowrite.steps import PAUSE_TIMED_OUT, Pause, Step, observe
 from support.spark import local_session
 
 SCHEMA = "id string, part string, ts long, value string"
 COMMITTED = "committed"  # the batch's write returned; Spark has not recorded the batch
+STANDBY_TIMEOUT = 600.0  # the test's own limit: a driver on standby waits for the runs before it
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-batch", type=int, default=0)
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--pause-timeout", type=float, default=120.0)
+    parser.add_argument("--standby", type=Path, help="start Spark, then wait for this file's arguments")
     args = parser.parse_args(argv)
+    spark = local_session(1, "512m", name="streaming-driver")
+    if args.standby is not None:
+        given = sys.argv[1:] if argv is None else argv
+        args = parser.parse_args([*given, *_awaited(args.standby, STANDBY_TIMEOUT)])
 
     # At "committed" the pause is called after the write returns, and its file names the step "published".
     step = Step.PUBLISHED if args.pause_at == COMMITTED else Step(args.pause_at) if args.pause_at else None
@@ -59,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         if batch_id == args.pause_batch and args.pause_at == COMMITTED:
             pause(Step.PUBLISHED, upserts.last.requested_time if upserts.last else None, {})
 
-    spark = local_session(1, "512m", name="streaming-driver")
     with observe(in_the_batch):
         query = (
             spark.readStream.schema(SCHEMA)
@@ -74,6 +85,20 @@ def main(argv: list[str] | None = None) -> int:
             args.started_file.touch()
         query.awaitTermination()
     return 0
+
+
+def _awaited(go: Path, timeout: float) -> list[str]:
+    """The arguments in ``go`` once it exists (it is written whole, by a rename). Without it after
+    ``timeout`` seconds, the test that should have started the run is gone: exit as a pause does."""
+    deadline = time.monotonic() + timeout
+    while not go.exists():
+        if time.monotonic() > deadline:
+            print(f"on standby for {timeout:.0f} s: never started", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(PAUSE_TIMED_OUT)
+        time.sleep(0.02)
+    arguments: list[str] = json.loads(go.read_text())
+    return arguments
 
 
 if __name__ == "__main__":
