@@ -377,6 +377,8 @@ class SparkCluster:
         self._dir = Path(tempfile.mkdtemp(prefix="cowrite-spark-cluster-"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(SPARK_LOCAL_IP=_HOST, SPARK_LOG_DIR=str(self._dir), SPARK_WORKER_DIR=str(self._dir))
+        # the master and the worker start as drivers do (make test's JVM flags: they live as briefly)
+        env.setdefault("SPARK_DAEMON_JAVA_OPTS", os.environ.get("SPARK_SUBMIT_OPTS", ""))
         self.port, self.ui_port = _free_port(), _free_port()
         deploy = "org.apache.spark.deploy"
         self._spawn(env, "master", [str(spark_class), f"{deploy}.master.Master", "--host", _HOST,

@@ -48,6 +48,8 @@ def cluster_session(master: str, name: str = "cowrite-tests") -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        # the executors start as the driver does (make test's JVM flags: they live as briefly)
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
