@@ -157,10 +157,13 @@ def clean(path: str, retain: int | None, options: Sequence[str]) -> None:
         retained = retain if retain is not None else table.config.get(keys.CLEANER_COMMITS_RETAINED)
         lock = service_lock(table)
         done = run_clean(table, lock, retained)
-        recorded = record_unseen_schema(table, lock, int(time.time() * 1000))
     except CowriteError as exc:
         fail(exc)
     click.echo(f"deleted {len(done.deleted)} files ({done.clean.file_name})" if done else "nothing to clean")
+    try:  # after saying what the clean did: this may fail on its own (the lock busy)
+        recorded = record_unseen_schema(table, lock, int(time.time() * 1000))
+    except CowriteError as exc:
+        fail(exc)
     if recorded is not None:
         click.echo(f"recorded the table's schema at the latest instant time ({recorded.file_name})")
 
