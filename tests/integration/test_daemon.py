@@ -556,8 +556,7 @@ def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_tim
 def clean_once(target: Target) -> str:
     """What ``cowrite clean`` prints on the table, with its settings, which it must clean without an
     error (it expires the lock a killed writer left, and says so on stderr)."""
-    settings = [arg for key, value in target.settings.items() for arg in ("-o", f"{key}={value}")]
-    command = [sys.executable, "-m", "cowrite", "clean", target.uri, *settings]
+    command = [sys.executable, "-m", "cowrite", "clean", target.uri, *target.cli_options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     return done.stdout

@@ -98,9 +98,7 @@ class Run:
 
     def go(self, name: str, *options: str) -> None:
         """Start the query of driver ``name`` with ``options``."""
-        temp = self.directory / f".{name}.go"
-        temp.write_text(json.dumps(options))
-        temp.rename(self.directory / f"{name}.go")  # the driver never reads half of it
+        writer_process.write_atomically(self.directory / f"{name}.go", json.dumps(options))
 
     def stderr(self, name: str) -> str:
         return (self.directory / f"{name}.stderr").read_text(errors="replace")[-4000:]

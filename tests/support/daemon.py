@@ -77,6 +77,11 @@ class Target:
         }
 
     @property
+    def cli_options(self) -> list[str]:
+        """:attr:`settings` as options of ``cowrite`` and of the writer processes (``-o KEY=VALUE``)."""
+        return [arg for key, value in self.settings.items() for arg in ("-o", f"{key}={value}")]
+
+    @property
     def policy(self) -> HeartbeatPolicy:
         return HeartbeatPolicy(self.interval_ms / 1000, self.misses)
 
@@ -232,8 +237,7 @@ class Processes:
             "--result",
             str(self.directory / f"{name}.result"),
         ]
-        for key, value in target.settings.items():
-            command += ["-o", f"{key}={value}"]
+        command += target.cli_options
         if release_by_file:
             command += ["--go-file", str(self.directory / f"{name}.go")]
         return self.start([*command, *more], target.env, name)

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from cowrite.shutdown import exit_now
 from cowrite.spark import upsert_each_batch
-from cowrite.steps import PAUSE_TIMED_OUT, Pause, Step, observe
+from cowrite.steps import Pause, Step, observe
+from support import wait_until
 from support.spark import local_session
 
 SCHEMA = "id string, part string, ts long, value string"
@@ -53,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_session(1, "512m", name="streaming-driver")
     if args.standby is not None:
         given = sys.argv[1:] if argv is None else argv
-        args = parser.parse_args([*given, *_awaited(args.standby, STANDBY_TIMEOUT)])
+        wait_until(args.standby.exists, "the test to start the query", STANDBY_TIMEOUT)  # written whole
+        args = parser.parse_args([*given, *json.loads(args.standby.read_text())])
 
     # At "committed" the pause is called after the write returns, and its file names the step "published".
     step = Step.PUBLISHED if args.pause_at == COMMITTED else Step(args.pause_at) if args.pause_at else None
@@ -85,20 +85,6 @@ def main(argv: list[str] | None = None) -> int:
             args.started_file.touch()
         query.awaitTermination()
     return 0
-
-
-def _awaited(go: Path, timeout: float) -> list[str]:
-    """The arguments in ``go`` once it exists (it is written whole, by a rename). Without it after
-    ``timeout`` seconds, the test that should have started the run is gone: exit as a pause does."""
-    deadline = time.monotonic() + timeout
-    while not go.exists():
-        if time.monotonic() > deadline:
-            print(f"on standby for {timeout:.0f} s: never started", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(PAUSE_TIMED_OUT)
-        time.sleep(0.02)
-    arguments: list[str] = json.loads(go.read_text())
-    return arguments
 
 
 if __name__ == "__main__":
