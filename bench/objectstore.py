@@ -14,6 +14,9 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
 - ``disjoint``: writer ``i`` upserts its 100 keys of partition ``p<i>`` again and again; no commit may
   fail, so every failure is a *spurious abort*;
 - ``overlap``: every writer upserts its own keys into one shared file group; conflicts are expected;
+- ``apart``: the disjoint workload with a table of its own per writer, in the same bucket: no lock, no
+  rival's commit to check, so its commits/s is the ceiling of any commit protocol for ``disjoint`` on
+  this server and these cores;
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table on the
   same server, behind the same proxy (conditional PUTs; a conflicting append is retried by delta-rs);
 - ``history`` (``--history``): the disjoint workload at the largest writer count on tables that already
@@ -154,7 +157,8 @@ def cowrite_worker(
         from cowrite.format.table import Table
         from cowrite.local.writer import LocalWriter
 
-        table = Table.load(uri, **cowrite_options(endpoint, f"cowrite{index}"))
+        mine = f"{uri}-{index}" if mode == "apart" else uri
+        table = Table.load(mine, **cowrite_options(endpoint, f"cowrite{index}"))
         time_lock_holds(windows.held)
         writer = LocalWriter(table)
         partition = "shared" if mode == "overlap" else f"p{index}"
@@ -286,6 +290,11 @@ def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history
     from cowrite.local.writer import LocalWriter
 
     options = cowrite_options(server.endpoint_url, "setup")
+    for apart in range(writers) if mode == "apart" else []:
+        Table.create(f"{uri}-{apart}", name="bench", record_key_fields=["id"], partition_fields=["part"],
+                     ordering_fields=["ts"], storage_options=options)
+    if mode == "apart":
+        return
     table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
                          ordering_fields=["ts"], storage_options=options)
     if mode == "overlap":  # one file group holding every writer's keys
@@ -431,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s.engine} {s.mode} {s.writers}: {server_time(s)}")
     print("\nthe lock's turns, from one holder's create to the next one's (bench/lock_turns.py):")
     for s in summaries:
-        if s.engine == "cowrite" and s.writers > 1:
+        if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":  # apart: a lock per table
             print(f"  {s.mode} {s.writers}: {s.turns.describe()}")
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
@@ -443,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ours.rate / theirs.rate if theirs.rate else float('nan'):.2f}")
         top, one = max(counts), min(counts)
         ours, theirs = by_key[("cowrite", "disjoint", top)], by_key[("delta-rs", "disjoint", top)]
+        ceiling = by_key.get(("cowrite", "apart", top))
+        if ceiling is not None and theirs.rate and ceiling.rate:
+            print(f"  {top} writers, each on a table of its own (the ceiling of any commit protocol here): "
+                  f"{ceiling.rate:.2f} / {theirs.rate:.2f} = {ceiling.rate / theirs.rate:.2f}; "
+                  f"sharing one table / each on its own: {ours.rate / ceiling.rate:.2f}")
         ratio_met = ours.rate >= TARGET_RATIO_TOP * theirs.rate
         checks = [
             (f"{top} writers >= {TARGET_RATIO_TOP:.0f}x delta-rs", ratio_met),
