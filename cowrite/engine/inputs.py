@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as csv
-import pyarrow.dataset as ds
 import pyarrow.json as pajson
+import pyarrow.parquet as pq
 
 from cowrite.engine.schema import kind
 from cowrite.errors import SchemaError
@@ -55,7 +55,7 @@ def read_input(path: str, input_format: str | None = None, schema: pa.Schema | N
         kind_ = input_format or KINDS.get(file.suffix.lower())
         try:
             if kind_ == "parquet":
-                tables.append(ds.dataset(file, format="parquet").to_table())
+                tables.append(pq.ParquetFile(file).read())
             elif kind_ == "csv":
                 tables.append(_read_csv(file, schema))
             elif kind_ == "jsonl":

@@ -159,6 +159,49 @@ def test_round_trip_on_s3_with_aws_environment(s3_server: S3Server, inputs: Path
     _round_trip(f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}", inputs, env=s3_server.env())
 
 
+def test_a_command_without_spark_never_imports_pandas(tmp_path: Path, inputs: Path) -> None:
+    """pyarrow imports pandas when it first converts a Python value, a third of a second of every command's
+    start; commands that run no Spark refuse it, and still read every input format and write."""
+    table = str(tmp_path / "orders")
+    assert cowrite("init", table, "--record-key", "id", "--partition-field", "region").returncode == 0
+    for name in ("first.csv", "update.jsonl", "delete.parquet"):
+        operation = "delete" if name == "delete.parquet" else "upsert"
+        args = ["-X", "importtime", "-m", "cowrite", "write", table, "--input", str(inputs / name)]
+        timed = subprocess.run(
+            [sys.executable, *args, "--operation", operation], capture_output=True, text=True, timeout=120
+        )
+        assert timed.returncode == 0, timed.stderr
+        imported = {line.rsplit("|", 1)[-1].strip() for line in timed.stderr.splitlines() if "|" in line}
+        # an import refused is listed as well, alone: pandas loaded would list its modules (pandas.core, ...)
+        assert "pyarrow" in imported and not any(m.startswith("pandas.") for m in imported), name
+    assert jsonl(cowrite("read", table, "--format", "jsonl")) == [
+        {"id": 1, "region": "eu", "version": 2, "amount": 11},
+        {"id": 3, "region": "us", "version": 1, "amount": 30},
+        {"id": 4, "region": "us", "version": 1, "amount": 40},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "spark"),
+    [
+        (["write", "t", "--input", "x", "--engine", "spark"], True),
+        (["write", "t", "--input", "x", "--engine=spark"], True),
+        (["cluster", "t", "--engine", "spark"], True),
+        (["stream", "t", "--input", "x", "--checkpoint", "c"], True),
+        (["bootstrap", "t", "--source", "x"], True),
+        (["demo"], True),
+        (["write", "t", "--input", "x", "--engine", "local", "-o", "spark.executor.memory=1g"], False),
+        (["write", "t", "--input", "spark"], False),
+        (["init", "t", "--record-key", "id"], False),
+        (["daemon", "t"], False),
+    ],
+)
+def test_only_commands_that_may_start_spark_may_import_pandas(args: list[str], spark: bool) -> None:
+    from cowrite.__main__ import _runs_spark
+
+    assert _runs_spark(args) is spark
+
+
 def test_a_write_on_s3_releases_the_lock_before_the_process_ends(s3_server: S3Server, inputs: Path) -> None:
     """On an object store the lock's release is made in the background, after the commit: the command
     ends only once it is answered, however slow the round trip, or the next writer would wait for the
