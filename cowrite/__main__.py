@@ -9,10 +9,8 @@ the interpreter's teardown (:func:`cowrite.shutdown.exit_now`): a write that had
 would otherwise exit -6 now and then. Commands stop the Spark sessions they start; Spark's JVM, a child
 pyspark started, ends by itself once this process's end closes the pipe to its standard input.
 
-A command that cannot start Spark refuses ``import pandas``: pyarrow imports pandas the first time it
-converts a Python value, only to tell whether it is a pandas object, and that import is a third of a
-second, most of a short command's start. Spark needs it (pyspark converts through pandas), so commands
-that may start a session (:func:`_runs_spark`) import it as before.
+A command that cannot start a Spark session (:func:`_runs_spark`) refuses pandas, which only costs it
+time (:mod:`cowrite.startup`).
 """
 
 from __future__ import annotations
@@ -20,14 +18,7 @@ from __future__ import annotations
 import sys
 
 from cowrite.shutdown import catch, exit_now
-
-
-class _NoPandas:
-    """A finder that refuses ``import pandas``, which pyarrow then takes as pandas not installed."""
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("cowrite's commands without Spark do not use pandas", name=name)
+from cowrite.startup import refuse_pandas
 
 
 def _runs_spark(args: list[str]) -> bool:
@@ -43,7 +34,7 @@ def main() -> None:
     if sys.argv[1:2] == ["daemon"]:
         catch()
     if not _runs_spark(sys.argv[1:]):
-        sys.meta_path.insert(0, _NoPandas())
+        refuse_pandas()
     from cowrite.cli import main as run
 
     try:

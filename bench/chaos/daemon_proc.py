@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cowrite import shutdown
+from cowrite.startup import refuse_pandas
 
 if TYPE_CHECKING:
     from cowrite.daemon.config import DaemonConfig
@@ -35,6 +36,7 @@ def config_from(spec: dict[str, Any]) -> DaemonConfig:
 
 def main() -> int:
     stop = shutdown.catch()
+    refuse_pandas()  # as ``cowrite daemon`` does
     from cowrite.daemon.service import Daemon
 
     logging.basicConfig(level=logging.WARNING, format="%(process)d %(name)s %(levelname)s %(message)s")

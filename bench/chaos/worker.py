@@ -45,6 +45,7 @@ from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import heartbeat_path
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.shutdown import exit_now
+from cowrite.startup import refuse_pandas
 from cowrite.steps import Step
 from cowrite.storage.backend import LocalStorage, MemoryStorage, S3Storage, Storage
 from cowrite.storage.together import THREADS
@@ -240,6 +241,7 @@ def run(spec: dict[str, Any]) -> int:
 
 
 def main() -> int:
+    refuse_pandas()  # as the cowrite command does: a writer without Spark starts sooner
     logging.basicConfig(level=logging.WARNING, format="%(process)d %(name)s %(levelname)s %(message)s")
     return run(json.loads(Path(sys.argv[1]).read_text()))
 

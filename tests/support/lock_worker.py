@@ -24,6 +24,7 @@ from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
 from cowrite.protocol.locks.lock_files import collect_garbage
 from cowrite.shutdown import exit_now
+from cowrite.startup import refuse_pandas
 from cowrite.storage.backend import Storage
 
 
@@ -73,6 +74,7 @@ def hold(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    refuse_pandas()  # as the cowrite command does: a process without Spark starts sooner
     mode, raw = sys.argv[1], sys.argv[2]
     {"sections": run_sections, "hold": hold}[mode](json.loads(raw))
     exit_now(0)

@@ -74,6 +74,7 @@ from cowrite.local.writer import LocalWriter, Operation
 from cowrite.protocol.locks import filesystem
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.shutdown import exit_now
+from cowrite.startup import refuse_pandas
 from cowrite.steps import PAUSE_TIMED_OUT, Pause, Step
 from cowrite.storage.backend import Storage
 
@@ -310,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    refuse_pandas()  # as the cowrite command does: a writer without Spark starts sooner
     logging.basicConfig(level=logging.WARNING, format="%(process)d %(name)s %(levelname)s %(message)s")
     return run(parse_args(argv))
 
