@@ -157,8 +157,7 @@ def cowrite_worker(
         from cowrite.format.table import Table
         from cowrite.local.writer import LocalWriter
 
-        mine = f"{uri}-{index}" if mode == "apart" else uri
-        table = Table.load(mine, **cowrite_options(endpoint, f"cowrite{index}"))
+        table = Table.load(writer_table(uri, mode, index), **cowrite_options(endpoint, f"cowrite{index}"))
         time_lock_holds(windows.held)
         writer = LocalWriter(table)
         partition = "shared" if mode == "overlap" else f"p{index}"
@@ -283,6 +282,11 @@ def run(
 # -- tables ----------------------------------------------------------------------------------------
 
 
+def writer_table(uri: str, mode: str, index: int) -> str:
+    """The table writer ``index`` writes: ``uri``, or in the ``apart`` workload one of its own."""
+    return f"{uri}-{index}" if mode == "apart" else uri
+
+
 def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history: History | None) -> None:
     import pyarrow as pa
 
@@ -290,13 +294,12 @@ def create_cowrite_table(server: Any, uri: str, mode: str, writers: int, history
     from cowrite.local.writer import LocalWriter
 
     options = cowrite_options(server.endpoint_url, "setup")
-    for apart in range(writers) if mode == "apart" else []:
-        Table.create(f"{uri}-{apart}", name="bench", record_key_fields=["id"], partition_fields=["part"],
+    tables = [
+        Table.create(at, name="bench", record_key_fields=["id"], partition_fields=["part"],
                      ordering_fields=["ts"], storage_options=options)
-    if mode == "apart":
-        return
-    table = Table.create(uri, name="bench", record_key_fields=["id"], partition_fields=["part"],
-                         ordering_fields=["ts"], storage_options=options)
+        for at in sorted({writer_table(uri, mode, i) for i in range(writers)})
+    ]
+    table = tables[0]
     if mode == "overlap":  # one file group holding every writer's keys
         LocalWriter(table).insert(pa.concat_tables([batch(i, "shared", -1) for i in range(writers)]))
     if history:
