@@ -1,7 +1,7 @@
 """What a cowrite process that runs no Spark does at its start: refuse pandas.
 
 pyarrow imports pandas the first time it converts a Python value, only to tell whether the value is a
-pandas object, and that import is a third of a second: most of a short command's start. Nothing cowrite
+pandas object, and that import is most of a short command's start (bench/README.md). Nothing cowrite
 does without Spark needs pandas; pyspark converts through it, so a process that may start a Spark session
 must not call :func:`refuse_pandas`. The ``cowrite`` command calls it for every command that runs no
 Spark (:mod:`cowrite.__main__`).
@@ -16,7 +16,7 @@ class _NoPandas:
     """A finder that refuses ``import pandas``, which pyarrow then takes as pandas not installed."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
+        if name == "pandas":  # its submodules are imported after it, so they are refused with it
             raise ModuleNotFoundError("this process runs no Spark and does not load pandas", name=name)
 
 

@@ -160,8 +160,8 @@ def test_round_trip_on_s3_with_aws_environment(s3_server: S3Server, inputs: Path
 
 
 def test_a_command_without_spark_never_imports_pandas(tmp_path: Path, inputs: Path) -> None:
-    """pyarrow imports pandas when it first converts a Python value, a third of a second of every command's
-    start; commands that run no Spark refuse it, and still read every input format and write."""
+    """pyarrow imports pandas when it first converts a Python value, which slows every command's start;
+    commands that run no Spark refuse it, and still read every input format and write."""
     table = str(tmp_path / "orders")
     assert cowrite("init", table, "--record-key", "id", "--partition-field", "region").returncode == 0
     for name in ("first.csv", "update.jsonl", "delete.parquet"):
