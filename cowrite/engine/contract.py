@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cowrite.engine.schema import NULL, arrow_schema, arrow_type, avro_schema, kind
+from cowrite.engine.schema import NULL, arrow_schema, arrow_type, avro_schema, kind, refuse_extension
 from cowrite.errors import SchemaError
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
@@ -113,6 +113,7 @@ def fit(
             assert have is not None
             target.append(pa.field(name, have.type))  # missing: written as null
             continue
+        refuse_extension(given, source)
         given_kind = kind(name, given.type)
         if have is None:  # a new column, or every column of a first write
             if given_kind == NULL:

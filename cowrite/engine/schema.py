@@ -18,6 +18,7 @@ import pyarrow as pa
 from cowrite.errors import SchemaError
 
 NULL = "null"  # the kind of a column whose every value is null: it fits any column
+_EXTENSION_NAME = b"ARROW:extension:name"  # the metadata naming a field's extension type (Arrow's format)
 
 
 def kind(name: str, arrow: pa.DataType) -> str:
@@ -27,6 +28,25 @@ def kind(name: str, arrow: pa.DataType) -> str:
         return avro
     logical = avro["logicalType"]
     return f"decimal({avro['precision']},{avro['scale']})" if logical == "decimal" else str(logical)
+
+
+def refuse_extension(field: pa.Field, source: str = "") -> None:
+    """Raise :class:`SchemaError` for a column of an Arrow extension type (``of {source}`` when given).
+
+    Whether or not this process knows the type: one it does not know reads as its storage type, only a
+    name in the field's metadata telling otherwise (a pandas period reads as whole numbers unless pandas
+    registered it first), and storing the storage type would change the column's type without a word.
+    """
+    if isinstance(field.type, pa.BaseExtensionType):
+        extension = field.type.extension_name
+    else:
+        extension = (field.metadata or {}).get(_EXTENSION_NAME, b"").decode(errors="replace")
+    if extension:
+        where = f" of {source}" if source else ""
+        raise SchemaError(
+            f"column {field.name}{where} has the Arrow extension type {extension}, which cowrite tables "
+            "do not store; convert it to a plain type first"
+        )
 
 
 def _avro(name: str, arrow: pa.DataType) -> Any:

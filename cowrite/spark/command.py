@@ -1,10 +1,10 @@
 """``cowrite write --engine spark``: the CLI's write through a SparkSession.
 
-Parquet inputs are read by Spark itself (a directory of parquet files never passes through the driver);
-CSV and JSON Lines go through the CLI's own reader so that they are parsed with the table's column
-types exactly as for ``--engine local``. Settings whose name starts with ``spark.`` configure the
-session this command creates (``-o spark.driver.memory=2g``); an already active session (a caller that
-made one) is used as it is and left running.
+Parquet inputs are read by Spark itself: a directory of parquet files never passes through the driver,
+which reads only their footers. CSV and JSON Lines go through the CLI's own reader so that they are
+parsed with the table's column types exactly as for ``--engine local``. Settings whose name starts with
+``spark.`` configure the session this command creates (``-o spark.driver.memory=2g``); an already active
+session (a caller that made one) is used as it is and left running.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from cowrite.engine.contract import current_schema
-from cowrite.engine.inputs import input_files, read_input
+from cowrite.engine.inputs import input_files, read_input, refuse_extension_columns
 from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
@@ -42,16 +41,6 @@ def session(master: str, settings: Mapping[str, str]) -> tuple[SparkSession, boo
     return builder.getOrCreate(), True
 
 
-def input_frame(
-    spark: SparkSession, path: str, input_format: str | None, schema: pa.Schema | None = None
-) -> DataFrame:
-    """The input as a DataFrame; text (CSV, JSON Lines) is parsed with ``schema``'s types (the table's)."""
-    files = input_files(path)
-    if input_format == "parquet" or (input_format is None and all(f.suffix == ".parquet" for f in files)):
-        return spark.read.parquet(*(str(f) for f in files))
-    return spark.createDataFrame(read_input(path, input_format, schema))
-
-
 def write(
     table: Table,
     options: WriteOptions,
@@ -61,11 +50,20 @@ def write(
     master: str,
 ) -> tuple[Instant | None, int, TxnAlreadyCommittedError | None]:
     """Write the input as one instant with the Spark engine; returns the instant, the records written and,
-    for a write whose txn was already committed, why nothing was (:meth:`SparkWriter.write`)."""
+    for a write whose txn was already committed, why nothing was (:meth:`SparkWriter.write`). A parquet
+    input with a column of an Arrow extension type is refused before Spark starts (Spark would read the
+    column as its storage type)."""
+    files = input_files(input_path)
+    parquet = input_format == "parquet" or input_format is None and all(f.suffix == ".parquet" for f in files)
+    if parquet:
+        refuse_extension_columns(files)
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)
-        frame = input_frame(spark, input_path, input_format, current_schema(table))
+        if parquet:
+            frame = spark.read.parquet(*(str(f) for f in files))
+        else:  # text is parsed with the table's types
+            frame = spark.createDataFrame(read_input(input_path, input_format, current_schema(table)))
         instant = writer.write(frame, operation)
         return instant, writer.metrics.input_rows, writer.refused
     finally:

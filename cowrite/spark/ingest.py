@@ -10,8 +10,9 @@ if the name ends as the format's do (``.json``/``.jsonl``/``.ndjson``, ``.csv``,
 not start with ``.`` or ``_`` (Spark skips those): write a file under a hidden name and rename it into
 place, so that no micro-batch reads half of it. Changing a file after it was read changes nothing.
 
-Each micro-batch's files are read as ``cowrite write`` reads its input (:func:`.command.input_frame`):
-parquet by Spark, CSV and JSON Lines by cowrite's reader with the table's column types as the batch
+Each micro-batch's files are read as ``cowrite write`` reads its input (:func:`.command.write`):
+parquet by Spark (once its footers showed no column of an Arrow extension type, which Spark would read as
+its storage type), CSV and JSON Lines by cowrite's reader with the table's column types as the batch
 begins. So a file is held to the table's schema exactly as a ``cowrite write`` of it would be — a column
 the table lacks is added, a value that does not fit is refused naming its column and line — and not by
 Spark's JSON and CSV readers with a schema fixed when the query started, which drop the columns they do
@@ -42,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from cowrite.engine.contract import current_schema
-from cowrite.engine.inputs import read_input
+from cowrite.engine.inputs import read_input, refuse_extension_columns
 from cowrite.errors import SchemaError, TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
@@ -219,6 +220,7 @@ class Ingestion:
         paths = tuple(sorted(local_path(row.path) for row in files.collect()))
         spark = files.sparkSession
         if self.reader_format == "parquet":
+            refuse_extension_columns(paths)
             records = sum(pq.read_metadata(path).num_rows for path in paths)
             frame = spark.read.parquet(*paths) if records else None
         else:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -197,23 +198,37 @@ def test_no_table_or_no_input_directory_is_one_line_before_spark_starts(tmp_path
     assert no_input.returncode == 2 and "does not exist" in no_input.stderr
 
 
+def _periods() -> bytes:
+    """A parquet file whose ``week`` column holds pandas periods, an Arrow extension type: Spark's reader
+    would read whole numbers."""
+    weeks = pd.period_range("2024-01-01", periods=1)
+    frame = pd.DataFrame({"id": ["b"], "part": ["p0"], "ts": [1], "value": ["x"], "week": weeks})
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
+    return bytes(sink.getvalue())
+
+
 @pytest.mark.parametrize(
-    ("name", "text", "says"),
+    ("name", "content", "says"),
     [
         ("bad.jsonl", '{"id": "a", "part": "p0", "ts": "soon", "value": "x"}\n', "column ts"),
         ("bad.csv", "part,ts,value\np0,1,x\n", "id"),  # no key column
+        ("periods.parquet", _periods(), "column week of "),
     ],
-    ids=["a value that is not the column's type", "no key column"],
+    ids=["a value that is not the column's type", "no key column", "an Arrow extension type"],
 )
 def test_a_file_that_does_not_fit_the_table_stops_the_stream_with_one_line_and_the_table_unchanged(
-    tmp_path: Path, name: str, text: str, says: str
+    tmp_path: Path, name: str, content: str | bytes, says: str
 ) -> None:
     path, source = tmp_path / "t", tmp_path / "in"
     LocalWriter(new_table(path)).insert(rows(["a"], "p0", value="seed"))
     before = sorted(p.name for p in (path / ".hoodie" / "timeline").iterdir())
     source.mkdir()
-    (source / name).write_text(text)
-    input_format = "csv" if name.endswith(".csv") else "json"
+    if isinstance(content, bytes):
+        (source / name).write_bytes(content)
+    else:
+        (source / name).write_text(content)
+    input_format = name.rpartition(".")[2].replace("jsonl", "json")
 
     done = stream(path, source, tmp_path / "checkpoint", "--format", input_format, "--once")
 

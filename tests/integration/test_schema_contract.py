@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -103,6 +104,13 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
     )
 
 
+def _with_period(table: pa.Table) -> pa.Table:
+    """``table`` with a column ``week`` of pandas periods: an Arrow extension type, which the ``cowrite``
+    command (no pandas in it) reads as its storage type, whole numbers, unless it refuses it."""
+    weeks = pa.Table.from_pandas(pd.DataFrame({"week": pd.period_range("2024-01-01", periods=len(table))}))
+    return table.append_column(weeks.schema.field("week"), weeks.column("week"))
+
+
 def _refused(result: subprocess.CompletedProcess[str], *words: str) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.startswith("cowrite: ") and result.stderr.count("\n") == 1, result.stderr
@@ -153,9 +161,16 @@ def test_the_issue_scenario_keeps_every_type_and_refuses_what_does_not_fit(cli: 
         ("upsert", "narrowing.parquet", FIRST.set_column(6, "amount", pa.array([1.5, 2.5, None])),
          ("column amount", "decimal(10,2)", "double")),
         ("insert", "no-key.csv", "org,region,day,ts\nacme,eu,2024-01-03,1\n", ("no record key column id",)),
+        ("upsert", "period.parquet", _with_period(FIRST),
+         ("column week of ", "period.parquet", "Arrow extension type pandas.period", "convert it")),
     ]:  # fmt: skip
         _refused(cli.write(operation, name, content), *words)
         assert cli.timeline() == before_files, name
+    # the Spark engine reads parquet with Spark, which would read the periods as numbers: refused too,
+    # from the files' footers, before Spark starts (no Spark banner: the error is all stderr holds)
+    spark = cli("write", cli.uri, "--input", str(cli.inputs / "period.parquet"), "--engine", "spark")
+    _refused(spark, "column week of ", "Arrow extension type pandas.period")
+    assert cli.timeline() == before_files
     assert cli.rows() == before_rows
 
     # a delete matches partition values with the table's types, and says what it found
@@ -255,6 +270,18 @@ def test_the_local_writer_applies_the_rules_to_arrow_tables(tmp_path: Path) -> N
         writer.upsert(
             pa.table({"id": pa.array([3], pa.int32()), "ts": pa.array([1], pa.int32()), "f": ["x"]})
         )
+    # an Arrow extension type is refused whether this process knows it (pandas registered its periods)
+    # or only its name in the field's metadata says it (a type nobody registered reads as its storage)
+    known = _with_period(pa.table({"id": pa.array([3], pa.int32()), "ts": pa.array([1], pa.int32())}))
+    unknown = known.cast(
+        pa.schema([*known.schema][:2]).append(
+            pa.field("week", pa.int64(), metadata={"ARROW:extension:name": "example.weeks"})
+        )
+    )
+    for given, extension in [(known, "pandas.period"), (unknown, "example.weeks")]:
+        refused = rf"column week of input has the Arrow extension type {extension},"
+        with pytest.raises(SchemaError, match=refused):
+            writer.upsert(given)
     assert len(list(table.timeline())) == 2
 
 
