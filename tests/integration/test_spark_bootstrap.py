@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support import hudi_rs
 
 from cowrite.cleaner import rollback_failed, service_lock
-from cowrite.errors import ConfigError
+from cowrite.errors import ConfigError, SchemaError
 from cowrite.format.instant import Action, State
 from cowrite.format.table import Table
 from cowrite.local import read
@@ -61,6 +63,27 @@ def test_bootstrap_refuses_a_table_with_instants(spark: Any, tmp_path: Path) -> 
     bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
     with pytest.raises(ConfigError, match="before any other writer"):
         bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
+
+
+def test_a_dataset_with_a_column_of_an_extension_type_is_refused_with_nothing_made(
+    spark: Any, tmp_path: Path
+) -> None:
+    dataset(tmp_path / "src")
+    # a file written from pandas holds periods, which Spark would read as whole numbers; under a name
+    # beginning with "_" it is a file Spark leaves out, and so does the check
+    weeks = pa.Table.from_pandas(
+        pd.DataFrame({"id": ["eu-1-9"], "amount": [1.0], "week": pd.period_range("2024-01-01", periods=1)})
+    )
+    hidden = tmp_path / "src" / "region=eu" / "day=1" / "_part-1.parquet"
+    pq.write_table(weeks, hidden)
+    bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "first"), record_key_fields=["id"])
+    assert read.snapshot(Table.load(str(tmp_path / "first"))).num_rows == 12
+
+    late = hidden.rename(hidden.with_name("part-1.parquet"))
+    refused = f"column week of {late} has the Arrow extension type pandas.period, which cowrite tables"
+    with pytest.raises(SchemaError, match=re.escape(refused)):
+        bootstrap(spark, str(tmp_path / "src"), str(tmp_path / "t"), record_key_fields=["id"])
+    assert not (tmp_path / "t").exists()
 
 
 def test_a_failed_bootstrap_is_rolled_back_lazily(spark: Any, tmp_path: Path) -> None:
