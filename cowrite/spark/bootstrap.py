@@ -46,7 +46,7 @@ def hive_partition_fields(source: Storage) -> list[str]:
         directory = f"{directory}/{matches[0].group(0)}".lstrip("/")
 
 
-def refuse_extension_columns(spark: SparkSession, source: Storage) -> None:
+def _check_footers(spark: SparkSession, source: Storage) -> None:
     """Raise :class:`SchemaError` for a column of an Arrow extension type in any parquet file of the dataset
     (a pandas period, say), which Spark reads as its storage type without a word. The files' footers are
     read by a Spark job, a task per core: a dataset's files may be many."""
@@ -107,7 +107,7 @@ def bootstrap(
         raise SchemaError(
             f"the dataset at {source} has no column {', '.join(missing)} (columns: {frame.columns})"
         )
-    refuse_extension_columns(spark, Storage.for_uri(source, **options))
+    _check_footers(spark, Storage.for_uri(source, **options))
     try:
         table = Table.create(
             destination,
