@@ -22,7 +22,7 @@ import pyarrow.csv as csv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from cowrite.engine.schema import kind, refuse_extension
+from cowrite.engine.schema import kind, refuse_extensions
 from cowrite.errors import SchemaError
 
 KINDS = {".parquet": "parquet", ".csv": "csv", ".json": "jsonl", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -57,7 +57,7 @@ def read_input(path: str, input_format: str | None = None, schema: pa.Schema | N
         try:
             if kind_ == "parquet":
                 tables.append(pq.ParquetFile(file).read())
-                _refuse_extensions(tables[-1].schema, file)
+                refuse_extensions(tables[-1].schema, str(file))
             elif kind_ == "csv":
                 tables.append(_read_csv(file, schema))
             elif kind_ == "jsonl":
@@ -73,21 +73,19 @@ def read_input(path: str, input_format: str | None = None, schema: pa.Schema | N
         raise SchemaError(f"the files of {path} do not share their columns' types: {problem}") from None
 
 
-def refuse_extension_columns(files: Iterable[str | Path]) -> None:
-    """Raise :class:`SchemaError` for a column of an Arrow extension type in any of these parquet files,
-    or for a file that is not parquet: Spark reads such a column as its storage type without a word
-    (:func:`~.schema.refuse_extension`). Reads each file's footer."""
+def parquet_footers(files: Iterable[str | Path]) -> list[pq.FileMetaData]:
+    """The footers of these parquet files. Raises :class:`SchemaError` for a file that is not parquet, or
+    for a column of an Arrow extension type, which Spark reads as its storage type without a word
+    (:func:`~.schema.refuse_extension`)."""
+    footers = []
     for file in files:
         try:
-            schema = pq.read_schema(file)
+            footer = pq.read_metadata(file)
         except (pa.ArrowInvalid, OSError) as exc:
             raise SchemaError(f"cannot read {file} as parquet: {_first_line(exc)}") from None
-        _refuse_extensions(schema, file)
-
-
-def _refuse_extensions(schema: pa.Schema, file: str | Path) -> None:
-    for field in schema:
-        refuse_extension(field, str(file))
+        refuse_extensions(footer.schema.to_arrow_schema(), str(file))
+        footers.append(footer)
+    return footers
 
 
 def _first_line(exc: Exception) -> str:

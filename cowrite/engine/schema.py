@@ -49,6 +49,12 @@ def refuse_extension(field: pa.Field, source: str = "") -> None:
         )
 
 
+def refuse_extensions(schema: pa.Schema, source: str = "") -> None:
+    """:func:`refuse_extension` for every column of ``schema``."""
+    for field in schema:
+        refuse_extension(field, source)
+
+
 def _avro(name: str, arrow: pa.DataType) -> Any:
     if pa.types.is_null(arrow):
         return NULL

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from cowrite.engine.schema import refuse_extension
+from cowrite.engine.schema import refuse_extensions
 from cowrite.errors import ConfigError, SchemaError, TableExistsError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
@@ -75,11 +75,10 @@ def _extension_columns(source: StorageSpec, paths: Iterable[str]) -> Iterator[st
                 schema = pq.read_schema(file)
         except pa.ArrowInvalid:
             continue
-        for field in schema:
-            try:
-                refuse_extension(field, storage.full_path(path))
-            except SchemaError as exc:
-                yield str(exc)
+        try:
+            refuse_extensions(schema, storage.full_path(path))
+        except SchemaError as exc:
+            yield str(exc)
 
 
 def bootstrap(

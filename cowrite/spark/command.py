@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from cowrite.engine.contract import current_schema
-from cowrite.engine.inputs import input_files, read_input, refuse_extension_columns
+from cowrite.engine.inputs import input_files, parquet_footers, read_input
 from cowrite.errors import TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
@@ -56,7 +56,7 @@ def write(
     files = input_files(input_path)
     parquet = input_format == "parquet" or input_format is None and all(f.suffix == ".parquet" for f in files)
     if parquet:
-        refuse_extension_columns(files)
+        parquet_footers(files)
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)

@@ -36,14 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from cowrite.engine.contract import current_schema
-from cowrite.engine.inputs import read_input, refuse_extension_columns
+from cowrite.engine.inputs import parquet_footers, read_input
 from cowrite.errors import SchemaError, TxnAlreadyCommittedError
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
@@ -220,8 +219,7 @@ class Ingestion:
         paths = tuple(sorted(local_path(row.path) for row in files.collect()))
         spark = files.sparkSession
         if self.reader_format == "parquet":
-            refuse_extension_columns(paths)
-            records = sum(pq.read_metadata(path).num_rows for path in paths)
+            records = sum(footer.num_rows for footer in parquet_footers(paths))
             frame = spark.read.parquet(*paths) if records else None
         else:
             data = read_text(paths, self.reader_format, current_schema(self.table))
