@@ -35,7 +35,9 @@ class Step(enum.StrEnum):
     REQUESTED = "requested"  # the claim stands and the heartbeat runs; the ``.inflight`` plan comes next
     PLANNED = "planned"  # the ``.inflight`` plan exists
     FILE_GROUP_WRITTEN = "mid-write"  # one file group's new base file exists (local engine)
-    WRITTEN = "written"  # every file written: the commit begins (it takes the lock next)
+    # every file written: the commit begins and takes the lock next, unless it holds it already (on an
+    # object store the local engine tries for it beside its last file, Transaction.beside_the_lock)
+    WRITTEN = "written"
     LOCKED = "locked"  # the table lock is held for the commit, before the conflict checks
     CHECKED = "checked"  # every check passed; the completed file comes next (the unsafe window)
     # the completed file exists, and readers that go by instant times miss the schema change it made: an

@@ -400,6 +400,17 @@ class Table:
         path = self.instant_path(Instant(rollback.requested_time, Action.ROLLBACK, State.REQUESTED))
         return _read_rollback_plan(self.storage, path)
 
+    def being_rolled_back(self, timeline: Timeline, requested_time: str) -> bool:
+        """Whether a rollback on ``timeline`` targets the instant ``requested_time``. A rollback whose plan
+        vanished after the listing was archived, so it had completed: it was not of a pending instant."""
+        for rollback in timeline.after(requested_time).filter(actions=[Action.ROLLBACK]):
+            try:
+                if self.rollback_plan(rollback).target == requested_time:
+                    return True
+            except InstantGoneError:
+                continue
+        return False
+
     def is_clustering(self, instant: Instant) -> bool:
         """Whether a completed instant is a clustering (a replacecommit of a table service)."""
         return (

@@ -171,19 +171,20 @@ class LocalWriter:
             if operation is Operation.DELETE:
                 deleted_keys = rows_in_group.column(RECORD_KEY).combine_chunks()
                 rows_in_group = rows_in_group.select([RECORD_KEY, PARTITION_PATH]).slice(0, 0)
-            stats.append(
-                write_file_group(
-                    table.storage,
-                    work,
-                    instant,
-                    rows_in_group,
-                    deleted_keys=deleted_keys,
-                    ordering=table.ordering_fields,
-                    compression=self.options.config.get(keys.PARQUET_COMPRESSION),
-                    task=task,
-                    recent=self._recent,
-                )
+            write = partial(
+                write_file_group,
+                table.storage,
+                work,
+                instant,
+                rows_in_group,
+                deleted_keys=deleted_keys,
+                ordering=table.ordering_fields,
+                compression=self.options.config.get(keys.PARQUET_COMPRESSION),
+                task=task,
+                recent=self._recent,
             )
+            # the last file is written beside taking the lock for the commit that follows
+            stats.append(transaction.beside_the_lock(write) if task == len(works) - 1 else write())
             reached(Step.FILE_GROUP_WRITTEN, instant)
         done = self._metadata(operation, stats, replaced, schema)
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and operation is not Operation.DELETE:

@@ -36,13 +36,12 @@ from cowrite.errors import (
     CommitFailedError,
     CommitStateUnknownError,
     CowriteError,
-    InstantGoneError,
     LeaseLostError,
     StorageError,
     WriteConflictError,
 )
 from cowrite.format import config as keys
-from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.config import Config
 from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
@@ -281,6 +280,18 @@ class Transaction:
             )
 
     # -- commit ----------------------------------------------------------------------------------
+    def beside_the_lock(self, last: Callable[[], WriteStat]) -> WriteStat:
+        """``last()`` — the write's last file, from an engine that writes its files itself — made beside
+        one try for the lock's next turn on an object store (:meth:`Turns.take_next`): a writer nobody
+        overtook since begin holds the lock once its files are written. If ``last`` or the commit fails,
+        the write aborts as any other and the lock is released."""
+        assert self.heartbeat is not None
+        if not self.table.storage.round_trips:  # nothing to save; the lock would be held while it runs
+            return last()
+        self.heartbeat.refresh()
+        self.heartbeat.check()  # a writer takes the lock with the safety margin left on its lease
+        return beside(self.table.storage, last, self.turns.take_next)
+
     def commit(
         self, metadata: CommitMetadata, revert: RevertClustering | None = None, rebase: Rebase | None = None
     ) -> Instant:
@@ -355,7 +366,7 @@ class Transaction:
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
                 f"({'gone: rolled back by someone' if mine is None else 'already completed'}); not publishing"
             )
-        if self._being_rolled_back(timeline):
+        if self.table.being_rolled_back(timeline, self.instant_time):
             raise LeaseLostError(
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
@@ -410,17 +421,6 @@ class Transaction:
             now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
             publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done
-
-    def _being_rolled_back(self, timeline: Timeline) -> bool:
-        """Whether a rollback on ``timeline`` targets this instant. A rollback whose plan vanished after
-        the listing was archived, so it had completed; it was not of this instant, which is still here."""
-        for rollback in timeline.after(self.instant_time).filter(actions=[Action.ROLLBACK]):
-            try:
-                if self.table.rollback_plan(rollback).target == self.instant_time:
-                    return True
-            except InstantGoneError:
-                continue
-        return False
 
     def _publish_revert(self, revert: Revert, mine: CommitMetadata) -> None:
         """Complete the replacecommit that undoes clusterings, right after our own commit; it carries

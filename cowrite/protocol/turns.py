@@ -5,7 +5,8 @@ happens in a turn of the table lock. Where the lock can tell what its turns publ
 (:meth:`~.locks.base.TableLock.published_since`; the filesystem lock's ids number its turns, and a
 writer's turn leaves a note of its completed file), a listing taken before the lock is as good as one
 taken under it. A writer notes the lock's turn right before it lists the timeline at begin; at commit it
-takes the very next turn with one try, and when that works nothing completed since begin. Otherwise it
+takes the very next turn with one try (an engine that makes the write's last request itself tries beside
+it, :meth:`Turns.take_next`), and when that works nothing completed since begin. Otherwise it
 waits for the lock, reading the commits the turns so far noted meanwhile (and failing at once on one it
 conflicts with), and once it holds the lock it knows the timeline — the one it began on, with the noted
 commits completed — if every turn in between left a usable note. When one did not (a table service's
@@ -46,6 +47,7 @@ class Turns:
         self._checked: set[str] = set()  # times of the commits ``_check`` was told of: each only once
         self._clears: Clears | None = None
         self.cleared: frozenset[str] = frozenset()  # times of the noted commits their sketches ruled out
+        self._next: bool | None = None  # whether :meth:`take_next` took the lock (None: not asked)
 
     def note(self) -> None:
         """Note the lock's last turn; call right before the begin timeline is listed. A failure only
@@ -54,6 +56,12 @@ class Turns:
             self.noted = self.lock.turn()
         except CowriteError as exc:
             log.info("could not note the lock's turn of %s: %s", self.table, exc)
+
+    def take_next(self) -> None:
+        """Try once, ahead of :meth:`take`, for the turn right after the noted one; :meth:`take` then
+        neither tries for it again nor, when this took it, waits. Raises what the lock's ``acquire_next``
+        raises."""
+        self._next = self.lock.acquire_next(self.noted)
 
     def take(
         self, begun: Timeline, check: Conflicts | None = None, clears: Clears | None = None
@@ -67,7 +75,8 @@ class Turns:
         check under the lock would find all the same). Noted commits whose sketch ``clears`` are neither
         read nor told; they make up :attr:`cleared`."""
         self._clears, self.cleared = clears, frozenset()
-        if not self.lock.acquire_next(self.noted):
+        tried, self._next = self._next, None
+        if not (self.lock.acquire_next(self.noted) if tried is None else tried):
             self._begun, self._check, self._checked = begun, check, set()
             self.lock.on_published = self._read_published
             self.lock.acquire()

@@ -24,18 +24,19 @@ from support.tables import new_table, rows
 
 from cowrite import process
 from cowrite.cleaner import service_lock
-from cowrite.errors import WriteConflictError
+from cowrite.errors import StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.fs_view import EarlyListing
-from cowrite.format.instant import Instant
+from cowrite.format.instant import Instant, State
 from cowrite.format.table import Table
 from cowrite.local import read
+from cowrite.local import writer as local_writer
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks import filesystem
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
-from cowrite.protocol.locks.lock_files import LOCK_DIR, is_release
+from cowrite.protocol.locks.lock_files import LOCK_DIR, is_release, scan
 from cowrite.protocol.sketch import MARK
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.protocol.txn import TXNS_KEY, Txn
@@ -84,14 +85,14 @@ def table(s3_server: S3Server) -> Table:
 
 
 def test_a_lone_writer_holds_the_lock_for_three_round_trips(table: Table, proxy: ProxyProcess) -> None:
-    """Nobody took a turn since its begin: the writer takes the next turn with one try, from the listing
-    at its begin, and publishes without listing the timeline or the lock directory again: acquire, the
-    completed file, and the lock's note of it, which releases the lock."""
+    """Nobody took a turn since its begin: the writer takes the next turn with one try beside its last
+    file, from the listing at its begin, and publishes without listing the timeline or the lock directory
+    again: acquire, the completed file, and the lock's note of it, which releases the lock."""
     writer = LocalWriter(through(table, proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))  # this process's first commit reads what it needs
     proxy.reset()
     writer.upsert(rows(["b"], ts=2, value="second"))
-    section = critical_section(proxy.reset(), "alone")
+    section = [r for r in critical_section(proxy.reset(), "alone") if r != ("PUT", "p0")]  # the file, beside
     assert section[0] == ("PUT", "locks") and section[-1] == ("PUT", "locks")
     assert Counter(section) == {("PUT", "locks"): 2, ("PUT", "timeline"): 1}
     expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
@@ -119,6 +120,35 @@ def test_a_writer_reads_only_the_commits_it_builds_on_whatever_the_history(
     assert len(snapshot) == 14 and snapshot == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
+def test_a_last_file_that_fails_beside_the_lock_aborts_and_releases_the_lock(
+    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lone writer takes the lock's next turn beside its last file, and that file's write fails: the
+    write aborts with the storage's error, publishes nothing, and releases the turn at once rather than
+    leave it to expire; the next write takes the turn after it."""
+    writer = LocalWriter(through(table, proxy, "alone"))
+    writer.upsert(rows(["a"], ts=2, value="first"))
+    before = scan(table.storage).highest
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise StorageError("the base file could not be written")
+
+    monkeypatch.setattr(local_writer, "write_file_group", failing)
+    with pytest.raises(StorageError, match="could not be written"):
+        writer.upsert(rows(["b"], ts=3, value="lost"))
+    proxy.reset()  # the release, made in the background
+    files = scan(table.storage)
+    assert files.highest == before + 1 and before + 1 in files.acquired and not files.is_held(before + 1)
+    [failed] = table.timeline().pending()
+    assert failed.state is State.INFLIGHT and not table.timeline().get(failed.requested_time).is_completed
+    monkeypatch.undo()
+    writer.upsert(rows(["b"], ts=4, value="second"))
+    assert scan(table.storage).highest == before + 2
+    expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
+                {"id": "b", "part": "p0", "ts": 4, "value": "second"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
 @pytest.fixture
 def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
     """The S3 server behind a proxy that holds each request 50 ms: two requests made at once are then in
@@ -127,11 +157,11 @@ def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
         yield running
 
 
-def test_a_lone_writer_commits_in_six_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
+def test_a_lone_writer_commits_in_five_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
     """A process's next upsert, nobody else writing: no listing before its claim (its input is held to the
     schema of the timeline it listed last time), its partition listed beside the claim and the lock's
-    turn, then the timeline, the plan, the file, and two of the lock's three: the upsert returns once
-    its commit is complete, and the release follows in the background."""
+    turn, then the timeline, the plan, the file beside the lock's next turn, and the completed file: the
+    upsert returns once its commit is complete, and the release follows in the background."""
     writer = LocalWriter(through(table, slow_proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))
     slow_proxy.reset()
@@ -142,7 +172,7 @@ def test_a_lone_writer_commits_in_six_round_trips(table: Table, slow_proxy: Prox
     assert sorted(first) == [("LIST", "locks"), ("LIST", "p0"), ("PUT", "timeline")]
     [release] = [r for r in mine if r.ended > returned]
     assert ".published." in release.path  # the note of the commit ends the turn
-    assert sequential(mine) == 7 and sequential([r for r in mine if r is not release]) == 6
+    assert sequential(mine) == 6 and sequential([r for r in mine if r is not release]) == 5
     assert Counter(what(r) for r in mine) == {
         ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("LIST", "p0"): 1, ("PUT", "p0"): 1,
         ("PUT", "locks"): 2, ("LIST", "locks"): 1,
@@ -206,7 +236,7 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     done: list[Instant | None] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
-        if step is Step.WRITTEN and not done:
+        if step is Step.PLANNED and not done:
             with observe(lambda *_: None):
                 done.append(fast.upsert(rows(["a"], ts=3, value="fast")))
 
@@ -221,7 +251,10 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     expected = [("PUT", "locks"), ("PUT", "locks")]
     assert [r for r in section if r not in [("GET", "timeline"), ("PUT", ".heartbeat")]] == expected
     mine = [r for r in requests if r.client == "slow"]
-    taking = [r for r in mine if r.kind == "PUT" and r.path.endswith(".acquired")][-1]
+    # one try for the turn after its begin's, beside its file and in vain (B took it), none at commit
+    tries = [r for r in mine if r.kind == "PUT" and r.path.endswith(".acquired")]
+    assert len(tries) == 2
+    taking = tries[-1]
     assert done[0] is not None
     reading = [r for r in mine if r.kind == "GET" and unquote(r.path).endswith(done[0].file_name)]
     assert len(reading) == 1 and reading[0].began < taking.ended and taking.began < reading[0].ended
@@ -252,7 +285,7 @@ def test_a_writer_leaves_unread_the_commits_whose_sketch_rules_them_out(
     done: list[Instant | None] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
-        if step is Step.WRITTEN and not done:
+        if step is Step.PLANNED and not done:
             with observe(lambda *_: None):
                 done.append(fast.upsert(rows(["y"], part="p8", ts=3, value="fast")))
 
@@ -289,7 +322,7 @@ def test_a_writer_lists_the_timeline_under_the_lock_when_a_turn_left_no_usable_n
     done: list[str] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
-        if step is not Step.WRITTEN or done:
+        if step is not Step.PLANNED or done:
             return
         done.append(between)
         if between == "a service's turn":

@@ -361,12 +361,12 @@ def test_a_writer_killed_mid_write_is_rolled_back_and_a_live_one_left_alone(
             {"partition": "p4", "keys": ["l2"], "value": "live"},
         ]
         doomed = processes.writer(target, doomed_batch, "doomed", "mid-write")
-        live = processes.writer(target, live_batch, "live", "written", release_by_file=True)
+        live = processes.writer(target, live_batch, "live", "mid-write", release_by_file=True)
         dead_instant = processes.paused(doomed, "doomed")["instant"]
         live_instant = processes.paused(live, "live")["instant"]
         dead_files = {f for f in data_files(table) if dead_instant in f}
         live_files = {f for f in data_files(table) if live_instant in f}
-        assert (len(dead_files), len(live_files)) == (1, 2)  # paused between its two files / after both
+        assert (len(dead_files), len(live_files)) == (1, 1)  # each paused between its two files
 
         died = kill(doomed)
         wait_until(
@@ -506,7 +506,7 @@ def test_a_schema_change_whose_writer_died_before_recording_it_at_the_latest_tim
     batch, turns = processes.directory / "a.parquet", processes.directory / "turns"
     turns.mkdir()
     pq.write_table(rows(["a"], "p1").append_column("extra", pa.array([7], pa.int64())), batch)
-    # A writes its files, then waits for turn 1 to commit; it stops at the empty commit, to be killed
+    # A plans its write, then waits for turn 1 to write and commit; it stops at the empty commit, to be killed
     turn = ["--turn-dir", str(turns), "--turn", "1", "--turns", "2"]
     a = processes.writer(target, batch, "a", "recording-schema", more=turn)
     # planned, A's instant time is final (a claim that finds a later one beside it is made again, later)

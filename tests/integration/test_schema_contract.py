@@ -345,13 +345,13 @@ def test_an_input_that_no_longer_fits_the_schema_it_begins_on_is_refused_with_no
 
 
 def _paused(cli: Cli, tmp_path: Path, name: str, rows: pa.Table) -> tuple[subprocess.Popen[str], Path]:
-    """A writer process that upserts ``rows`` and pauses with its files written, before its commit; the
-    pause ends when the returned file exists."""
+    """A writer process that upserts ``rows`` and pauses once it has begun and planned, before it writes its
+    files and commits (holding no lock, on either storage); the pause ends when the returned file exists."""
     batch, ready, go = tmp_path / f"{name}.parquet", tmp_path / f"{name}.ready", tmp_path / f"{name}.go"
     pq.write_table(rows, batch)
     process = subprocess.Popen(
         [sys.executable, "-m", "support.writer_process", cli.uri, "--batch-file", str(batch),
-         "--storage-options", json.dumps(cli.options), "--pause-at", "written", "--ready-file", str(ready),
+         "--storage-options", json.dumps(cli.options), "--pause-at", "planned", "--ready-file", str(ready),
          "--go-file", str(go), "--result", str(tmp_path / f"{name}.json")],
         cwd=TESTS, env={**os.environ, **cli.env}, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -217,8 +217,9 @@ def test_a_streaming_consumer_reads_every_commit_once_while_four_writers_commit_
             return run.start(name, [*command, *options])
 
         ready, go = run.directory / "slow.ready", run.directory / "slow.go"
-        slow = writer("slow", 1, "--pause-at", "written", "--ready-file", str(ready), "--go-file", str(go))
-        _wait_for(ready, "the slow writer to write its files", run, "slow", slow)
+        # paused once it has planned: its instant is claimed, and it holds no lock on either storage
+        slow = writer("slow", 1, "--pause-at", "planned", "--ready-file", str(ready), "--go-file", str(go))
+        _wait_for(ready, "the slow writer to plan its write", run, "slow", slow)
         fast = [writer(f"w{n}", 3) for n in range(3)]
         for n, process in enumerate(fast):
             assert process.wait(timeout=WAIT) == 0, run.stderr(f"w{n}")

@@ -19,8 +19,10 @@ process: at STEP the writer writes ``--ready-file`` (JSON: pid, step, instant) a
 claimed       holding the table lock to begin: ``.requested`` just created, no heartbeat yet
               (``Step.CLAIMED``)
 requested     ``.requested`` exists, heartbeat running, nothing planned (``Step.REQUESTED``)
+planned       ``.inflight`` planned, no base file written, lock not held (``Step.PLANNED``)
 mid-write     ``.inflight`` planned, the first base file written, the others not (needs 2+ groups)
-written       every base file written, commit not started, lock not held (``Step.WRITTEN``)
+written       every base file written, commit not started; on local disk the lock is not held, on S3 it
+              may be: the writer tries for it beside its last file (``Step.WRITTEN``)
 locked        holding the table lock for the commit (``Step.LOCKED``)
 published     the completed instant exists, the lock is still held (``Step.PUBLISHED``)
 ============  ====================================================================================
@@ -37,8 +39,9 @@ right after creating its ``lock<id>.acquired`` raises :class:`~cowrite.errors.St
 
 ``--commit-log`` gets one JSON line per published instant, appended while the table lock is still held,
 so the order of its lines is the order in which commits happened, across all processes.
-``--turn-dir/--turn/--turns`` make several writers commit in a fixed round-robin order: each writes its
-data freely, then waits for its turn file before committing and passes the turn on afterwards.
+``--turn-dir/--turn/--turns`` make several writers commit in a fixed round-robin order: each plans its
+write freely, then waits for its turn file before writing its files and committing (the lock is not held
+yet, whatever the storage), and passes the turn on afterwards.
 ``--result`` receives a JSON summary when the process ends (not when it is killed).
 """
 
@@ -142,7 +145,7 @@ def observe_steps(pause: Pause, turns: Turns, commit_log: Path | None) -> None:
 
     def observer(step: Step, instant: str | None, details: dict[str, Any]) -> None:
         pause(step, instant, details)
-        if step is Step.WRITTEN:
+        if step is Step.PLANNED:
             turns.wait()
         elif step is Step.PUBLISHED and commit_log is not None:
             lock_id = getattr(details["lock"], "lock_id", None)
