@@ -47,24 +47,25 @@ def batch(part: str, ids: list[str]) -> pa.Table:
 
 
 class SlowWriters:
-    """Writers in threads that write their files at once and commit when released.
+    """Writers in threads that plan their write at once, and write and commit it when released.
 
-    ``Transaction.commit`` is wrapped (in this process, for the slow writers' threads only) to wait for the
-    writer's gate; its heartbeat keeps running meanwhile, as a long backfill's would.
+    ``Transaction.plan`` is wrapped (in this process, for the slow writers' threads only) to wait for the
+    writer's gate once its plan exists, before any file and holding no lock (on S3 the last file is written
+    beside taking the lock); its heartbeat keeps running meanwhile, as a long backfill's would.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.gates: dict[int, tuple[threading.Event, list[str]]] = {}
-        original = Transaction.commit
+        original = Transaction.plan
 
-        def commit(transaction: Transaction, *args: Any, **kwargs: Any) -> Instant:
+        def plan(transaction: Transaction, *args: Any, **kwargs: Any) -> None:
+            original(transaction, *args, **kwargs)
             gate = self.gates.get(threading.get_ident())
             if gate is not None:
-                gate[1].append(transaction.instant_time)  # files written, commit not begun
+                gate[1].append(transaction.instant_time)  # planned, nothing written
                 assert gate[0].wait(WAIT), "a slow writer was never released"
-            return original(transaction, *args, **kwargs)
 
-        monkeypatch.setattr(Transaction, "commit", commit)
+        monkeypatch.setattr(Transaction, "plan", plan)
 
     def start(self, table: Table, data: pa.Table) -> Slow:
         slow = Slow(threading.Event())
@@ -78,7 +79,7 @@ class SlowWriters:
 
         slow.thread = threading.Thread(target=run, name="slow-writer")
         slow.thread.start()
-        wait_until(lambda: slow.reached or slow.error, "the slow writer to write its files")
+        wait_until(lambda: slow.reached or slow.error, "the slow writer to plan its write")
         if slow.error:
             raise slow.error
         return slow
