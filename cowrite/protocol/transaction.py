@@ -282,9 +282,9 @@ class Transaction:
     # -- commit ----------------------------------------------------------------------------------
     def beside_the_lock(self, last: Callable[[], WriteStat]) -> WriteStat:
         """``last()`` — the write's last file, from an engine that writes its files itself — made beside
-        one try for the lock's next turn on an object store (:meth:`Turns.take_next`): a writer nobody
-        overtook since begin holds the lock once its files are written. If ``last`` or the commit fails,
-        the write aborts as any other and the lock is released."""
+        one try for the lock's next turn on an object store (:meth:`Turns.take_next`, which tries only while
+        the lock's listing at begin is fresh): a writer nobody overtook then holds the lock once its files
+        are written. If ``last`` or the commit fails, the write aborts as any other, releasing the lock."""
         assert self.heartbeat is not None
         if not self.table.storage.round_trips:  # nothing to save; the lock would be held while it runs
             return last()
