@@ -56,7 +56,7 @@ def write(
     files = input_files(input_path)
     parquet = input_format == "parquet" or input_format is None and all(f.suffix == ".parquet" for f in files)
     if parquet:
-        parquet_footers(files)
+        parquet_footers(files)  # read for their check alone: it raises before Spark starts
     spark, created = session(master, options.config.raw())
     try:
         writer = SparkWriter(table, spark, options, source=input_path)
