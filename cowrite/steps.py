@@ -32,7 +32,9 @@ class Step(enum.StrEnum):
 
     CLAIMING = "claiming"  # about to create ``<t>.<action>.requested`` (table services hold the lock)
     CLAIMED = "claimed"  # the ``.requested`` file exists (details: ``action``, ``seen``)
-    REQUESTED = "requested"  # the claim stands and the heartbeat runs; the ``.inflight`` plan comes next
+    # the claim stands and the heartbeat runs; the ``.inflight`` plan comes next (on an object store the local
+    # engine wrote it already, beside the listing after its claim: Transaction.begin)
+    REQUESTED = "requested"
     PLANNED = "planned"  # the ``.inflight`` plan exists
     FILE_GROUP_WRITTEN = "mid-write"  # one file group's new base file exists (local engine)
     # every file written: the commit begins and takes the lock next, unless it holds it already (on an

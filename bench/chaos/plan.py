@@ -22,7 +22,7 @@ from typing import Any
 STEPS = (
     "claiming",  # begin: holding the table lock, no instant yet
     "claimed",  # begin: .requested created, heartbeat not started, lock held
-    "requested",  # heartbeat running, nothing planned
+    "requested",  # heartbeat running, nothing planned (on S3 the local engine planned beside its listing)
     "planned",  # .inflight written, no base file yet
     "mid-write",  # one base file written
     "written",  # every base file written, commit not started

@@ -30,6 +30,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from cowrite.cleaner.clean import seen_by_every_pending
 from cowrite.format import config as keys
 from cowrite.format.fs_view import list_base_files
 from cowrite.format.instant import Action, Instant, State
@@ -55,7 +56,7 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
     live_groups: set[tuple[str, str]] | None = None
     # A pending writer checks for conflicts only against the completed instants it can still see; one
     # that completed after the writer claimed its instant must stay until the writer is done.
-    seen = table.seen_by_every_pending(timeline)
+    seen = seen_by_every_pending(table, timeline)
     # New instant and completion times are taken above those on the timeline: the instants holding the
     # latest of each stay, or times could repeat, or go back, after archival.
     latest_requested = max(i.requested_time for i in timeline)

@@ -29,7 +29,7 @@ from cowrite.format.fs_view import (
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.service_metadata import CleanPlan, CleanResult
 from cowrite.format.table import Table
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.protocol.locks import TableLock
 from cowrite.storage.backend import FileInfo, stays_inside
 
@@ -56,7 +56,7 @@ def plan_clean(table: Table, timeline: Timeline, commits_retained: int) -> Clean
     start = timeline_start(table, timeline) or ""
     # A pending writer reads the file slices that were latest when it claimed its instant (and may revert
     # a clustering it began before): only what every pending instant saw supersedes or replaces anything.
-    seen = table.seen_by_every_pending(timeline)
+    seen = seen_by_every_pending(table, timeline)
     settled = {i.requested_time for i in commits if i.requested_time <= earliest and i.requested_time in seen}
     gone = replaced_file_groups(table, [i for i in commits if i.requested_time in settled])
 
@@ -137,3 +137,24 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
         table.storage.create_if_absent(table.instant_path(done), result.to_bytes())
     log.info("cleaned %s: deleted %d files, retaining from %s", table, len(deleted), plan.earliest_retained)
     return Cleaned(done, tuple(deleted))
+
+
+def seen_by_every_pending(table: Table, timeline: Timeline) -> frozenset[str]:
+    """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
+
+    A pending writer's view and conflict check were built on the timeline listed right after its claim
+    (:meth:`Table.begin_instant`); an instant completed after the claim is news to it. The storage's
+    modification times order the two files (one clock for everybody; a tie counts as unseen).
+    """
+    completed = [i for i in timeline if i.is_completed]
+    pending = list(timeline.pending())
+    if not pending:
+        return frozenset(i.requested_time for i in completed)
+    modified = {info.name: info.modified for info in table.storage.list(TIMELINE_DIR)}
+    oldest_claim = min(
+        modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
+        for i in pending
+    )
+    return frozenset(
+        i.requested_time for i in completed if modified.get(i.file_name, float("inf")) < oldest_claim
+    )

@@ -38,8 +38,9 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks import TableLock
+from cowrite.protocol.revert import REVERTED_KEY, Revert
 from cowrite.protocol.table_schema import latest_schema
-from cowrite.protocol.transaction import REVERTED_KEY, Revert, RevertClustering, Transaction, WriteOptions
+from cowrite.protocol.transaction import RevertClustering, Transaction, WriteOptions
 from cowrite.storage.backend import Storage
 
 CLUSTER = "cluster"

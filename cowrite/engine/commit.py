@@ -33,15 +33,17 @@ def write_instant(
     options: WriteOptions,
     write: Callable[[Transaction], CommitMetadata],
     alongside: Callable[[], object] | None = None,
+    draft: Callable[[str], CommitMetadata | None] | None = None,
 ) -> Instant:
     """Begin a transaction, let ``write`` write its base files and return their commit metadata, then
     :func:`complete` it.
 
     Whatever ``write`` raises aborts the transaction (its planned files are deleted, its heartbeat marks
     it failed for the rollback) and propagates; so do :meth:`Transaction.begin`'s and the commit's errors.
-    ``alongside``: requests made beside the claim (see :meth:`Transaction.begin`).
+    ``alongside`` and ``draft``: requests made beside the claim, and the plan made beside the listing after
+    it (see :meth:`Transaction.begin`).
     """
-    transaction = Transaction.begin(table, operation, action, options, alongside)
+    transaction = Transaction.begin(table, operation, action, options, alongside, draft)
     try:
         metadata = write(transaction)
     except BaseException as exc:

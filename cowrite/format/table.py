@@ -233,12 +233,15 @@ class Table:
                 del _published[next(iter(_published))]
 
     def known_completed(self) -> frozenset[str]:
-        """Requested times of the instants this process knows are completed: on the last timeline it listed,
-        or published by itself since (the last few). Each was completed before this call."""
+        """Requested times of the instants this process knows are completed (:meth:`known_timeline`)."""
+        return self.known_timeline().completed_times
+
+    def known_timeline(self) -> Timeline:
+        """The last timeline this process listed, with the commits it published itself since (the last
+        few), without listing: each was completed before this call. Never a view to act on unconfirmed."""
         with _published_lock:
-            own = [path for storage, path in _published if storage is self.storage]
-        published = {Instant.parse(path.rsplit("/", 1)[-1]).requested_time for path in own}
-        return Timeline.last_listed(self.storage).completed_times | published
+            own = [path.rsplit("/", 1)[-1] for storage, path in _published if storage is self.storage]
+        return Timeline([*Timeline.last_listed(self.storage), *map(Instant.parse, own)])
 
     def verified(self, timeline: Timeline) -> Timeline:
         """``timeline``, once every completed commit and replacecommit on it has been parsed.
@@ -280,7 +283,11 @@ class Table:
         return instant
 
     def begin_instant(
-        self, action: Action, now_millis: int, meanwhile: Callable[[], object] | None = None
+        self,
+        action: Action,
+        now_millis: int,
+        meanwhile: Callable[[], object] | None = None,
+        plan: Callable[[str], bytes | None] | None = None,
     ) -> tuple[Instant, Timeline, float]:
         """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
         return it with the timeline the write begins on, listed after the claim, and when (on
@@ -288,12 +295,14 @@ class Table:
 
         That timeline shows every instant completed before the claim was made: what the cleaner and the
         archiver take a pending writer to have seen (they order the two by the files' modification
-        times, :meth:`seen_by_every_pending`). The time is picked after the newest instant of the last
-        timeline this process listed, which saves a listing; a claim that turns out too early is made
-        again. ``meanwhile`` (requests the writer makes before that listing, such as noting the lock's
-        turn) runs beside the first try to claim: one round trip for both on an object store.
+        times). The time is picked after the newest instant of the last timeline this process listed,
+        which saves a listing; a claim that turns out too early is made again. ``meanwhile`` (requests the
+        writer makes before that listing, such as noting the lock's turn) runs beside the first try to
+        claim: one round trip for both on an object store. ``plan(time)`` (the write's ``.inflight``
+        content, or None) is written beside the listing after that first try, and withdrawn with its claim.
         """
-        return self._claim(Timeline.last_listed(self.storage), action, now_millis, meanwhile=meanwhile)
+        last = Timeline.last_listed(self.storage)
+        return self._claim(last, action, now_millis, meanwhile=meanwhile, inflight=plan)
 
     def _claim(
         self,
@@ -302,6 +311,7 @@ class Table:
         now_millis: int,
         plan: bytes | Callable[[str], bytes] = b"",
         meanwhile: Callable[[], object] | None = None,
+        inflight: Callable[[str], bytes | None] | None = None,
     ) -> tuple[Instant, Timeline, float]:
         """Create ``.requested`` at the first free time after ``timeline``'s newest instant and every time
         this process tried before, no earlier than ``now_millis``; return it with the timeline listed right
@@ -328,14 +338,15 @@ class Table:
                 if created:
                     break
                 millis += 1
+            planned, inflight = inflight and partial(self._plan, instant, inflight), None
             try:
-                after = self.timeline()
+                after = beside(self.storage, self.timeline, planned)
                 shared = instant.requested_time in Timeline.shared_times(self.storage)
             except BaseException:
                 # Not known to stand, and nothing is written under it: withdrawn now, it needs no rollback
                 # (left behind, its time could be claimed again once it is rolled back, then rolled back
                 # twice).
-                self.withdraw(instant, "the listing after it failed")
+                self.withdraw(instant, "the listing after it failed", planned=bool(planned))
                 raise
             newest = after.last  # the timeline is in time order
             later = newest if newest is not None and newest.requested_time > instant.requested_time else None
@@ -345,7 +356,7 @@ class Table:
             if not shared and later is None and not gone:
                 break
             clash = "another action's instant at its time" if shared or gone else f"{later} later"
-            self.withdraw(instant, f"{clash} meanwhile")
+            self.withdraw(instant, f"{clash} meanwhile", planned=bool(planned))
             timeline = after
         if observed():
             seen = sorted(i.requested_time for i in after if i.is_completed)
@@ -353,10 +364,17 @@ class Table:
             reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen, made=made)
         return instant, after, made_at
 
-    def withdraw(self, instant: Instant, why: str) -> None:
-        """Delete the ``.requested`` file of a claim under which nothing was written, at once; if that
-        fails the lazy rollback removes it later."""
+    def _plan(self, claim: Instant, plan: Callable[[str], bytes | None]) -> None:
+        content = plan(claim.requested_time)
+        if content is not None:
+            self.storage.write(self.instant_path(claim.transition(State.INFLIGHT)), content)
+
+    def withdraw(self, instant: Instant, why: str, planned: bool = False) -> None:
+        """Delete the ``.requested`` file of a claim under which nothing was written (its ``.inflight``
+        first, if it may be ``planned``), at once; if that fails the lazy rollback removes them later."""
         try:
+            if planned:
+                self.storage.delete(self.instant_path(instant.transition(State.INFLIGHT)))
             self.storage.delete(self.instant_path(instant))
         except CowriteError as exc:  # nothing was written under it: a rollback removes it later
             log.warning("could not withdraw %s (%s): %s", instant, why, exc)
@@ -369,26 +387,6 @@ class Table:
         latest = timeline.latest_completion_time
         floor = max(to_millis(requested_time), to_millis(latest) if latest else 0)
         return from_millis(max(now_millis, floor + 1))
-
-    def seen_by_every_pending(self, timeline: Timeline) -> frozenset[str]:
-        """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
-
-        A pending writer's view and conflict check were built on the timeline listed right after its claim
-        (:meth:`begin_instant`); an instant completed after the claim is news to it. The storage's
-        modification times order the two files (one clock for everybody; a tie counts as unseen).
-        """
-        completed = [i for i in timeline if i.is_completed]
-        pending = list(timeline.pending())
-        if not pending:
-            return frozenset(i.requested_time for i in completed)
-        modified = {info.name: info.modified for info in self.storage.list(TIMELINE_DIR)}
-        oldest_claim = min(
-            modified.get(Instant(i.requested_time, i.action, State.REQUESTED).file_name, float("-inf"))
-            for i in pending
-        )
-        return frozenset(
-            i.requested_time for i in completed if modified.get(i.file_name, float("inf")) < oldest_claim
-        )
 
     def clean_plan(self, clean: Instant) -> CleanPlan:
         """The plan a clean instant recorded in its ``.requested`` file."""

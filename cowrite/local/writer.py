@@ -13,10 +13,11 @@ import pyarrow.compute as pc
 
 from cowrite.engine.commit import retry_on_conflict, write_instant
 from cowrite.engine.contract import commit_schema, schema_of
-from cowrite.engine.file_group import RecentFiles, write_file_group
+from cowrite.engine.file_group import FileGroupWrite, RecentFiles, write_file_group
 from cowrite.engine.operations import Operation, prepare
 from cowrite.engine.planning import (
     FILE_ID,
+    Bucket,
     SizingPolicy,
     estimate_record_bytes,
     index_keys,
@@ -29,8 +30,8 @@ from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.errors import CowriteError, InstantGoneError, TxnAlreadyCommittedError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
-from cowrite.format.fs_view import EarlyListing, FileSystemView
-from cowrite.format.instant import Instant
+from cowrite.format.fs_view import EarlyListing, FileSystemView, timeline_start
+from cowrite.format.instant import Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
@@ -97,6 +98,7 @@ class LocalWriter:
     def _write_once(self, held: HeldInput) -> Instant:
         known = self.table.known_completed()
         early: list[EarlyListing] = []
+        drafts: list[Draft] = []
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
             try:
@@ -104,29 +106,52 @@ class LocalWriter:
             except CowriteError as exc:
                 log.info("listing %s before the timeline failed: %s", held.partitions, exc)
 
+        def draft(instant: str) -> CommitMetadata | None:
+            # beside the listing after the claim, from the timeline this process knew: it stands if that
+            # listing shows the same commits (a lone writer), else the write plans again on what it shows
+            if not early:
+                return None
+            claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
+            expected = Timeline([*self.table.known_timeline(), claim])
+            try:
+                drafts.append(self._draft(instant, held, expected, early[0]))
+            except CowriteError as exc:
+                log.info("planning %s before the timeline failed: %s", instant, exc)
+                return None
+            return drafts[0].plan
+
         def write(transaction: Transaction) -> CommitMetadata:
             # Listing early serves when nobody else completed a commit since this process last looked
             # (a lone writer): else it is listed again, and the next write does not list early.
             self._list_early = transaction.begin_timeline.data_commits().completed_times <= known
-            return self._write_files(transaction, held, early[0] if early else None)
+            begun = transaction.begin_timeline
+            ready = drafts[0] if drafts and transaction.planned is not None else None
+            if ready is None or ready.basis != Draft.basis_of(self.table, begun):
+                ready = self._draft(transaction.instant_time, held, begun, early[0] if early else None)
+                transaction.plan(ready.plan)
+            return self._write_files(transaction, ready)
 
-        alongside = list_early if self._list_early and held.partitions is not None else None
+        listing = self._list_early and held.partitions is not None
         return write_instant(
-            self.table, held.operation.value, held.operation.action, self.options, write, alongside=alongside
+            self.table,
+            held.operation.value,
+            held.operation.action,
+            self.options,
+            write,
+            alongside=list_early if listing else None,
+            draft=draft if listing else None,
         )
 
-    def _write_files(
-        self, transaction: Transaction, held: HeldInput, early: EarlyListing | None = None
-    ) -> CommitMetadata:
-        table, instant, operation = self.table, transaction.instant_time, held.operation
+    def _draft(self, instant: str, held: HeldInput, begun: Timeline, early: EarlyListing | None) -> Draft:
+        """What ``held`` writes as ``instant`` on the table as of ``begun``: its rows by file group, and the
+        plan naming every base file it may create."""
+        table, operation = self.table, held.operation
         views: list[FileSystemView] = []
         build = partial(
-            FileSystemView.build, table, transaction.begin_timeline,
-            partitions=held.partitions, for_write=True, early=early,
+            FileSystemView.build, table, begun, partitions=held.partitions, for_write=True, early=early
         )
         # the files are listed beside reading the schema as of begin: one round trip for both
-        hold = partial(held.at, table, transaction.begin_timeline)
-        current = beside(table.storage, hold, lambda: views.append(build()))
+        current = beside(table.storage, partial(held.at, table, begun), lambda: views.append(build()))
         view, incoming, lookup_all = views[0], current.prepared, current.lookup_all
         known_partitions = current.named_partitions
         replaced: dict[str, tuple[str, ...]] = {}
@@ -159,9 +184,14 @@ class LocalWriter:
             table, current.schema, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
             delete=operation is Operation.DELETE,
         )
-        transaction.plan(self._metadata(operation, [planned_stat(w) for w in works], replaced, schema))
+        plan = self._metadata(operation, [planned_stat(w) for w in works], replaced, schema)
+        return Draft(Draft.basis_of(table, begun), operation, tagged, buckets, works, replaced, schema, plan)
+
+    def _write_files(self, transaction: Transaction, draft: Draft) -> CommitMetadata:
+        table, instant = self.table, transaction.instant_time
+        operation, tagged = draft.operation, draft.tagged
         stats = []
-        for task, (bucket, work) in enumerate(zip(buckets, works, strict=True)):
+        for task, (bucket, work) in enumerate(zip(draft.buckets, draft.works, strict=True)):
             transaction.check_alive()
             rows = pa.chunked_array(bucket.rows, pa.uint64()) if bucket.rows else pa.array([], pa.uint64())
             rows_in_group = tagged.take(rows).drop_columns(
@@ -184,9 +214,9 @@ class LocalWriter:
                 recent=self._recent,
             )
             # the last file is written beside taking the lock for the commit that follows
-            stats.append(transaction.beside_the_lock(write) if task == len(works) - 1 else write())
+            stats.append(transaction.beside_the_lock(write) if task == len(draft.works) - 1 else write())
             reached(Step.FILE_GROUP_WRITTEN, instant)
-        done = self._metadata(operation, stats, replaced, schema)
+        done = self._metadata(operation, stats, draft.replaced, draft.schema)
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and operation is not Operation.DELETE:
             new = tagged if FILE_ID not in tagged.column_names else tagged.filter(pc.is_null(tagged[FILE_ID]))
             pairs = zip(new[PARTITION_PATH].to_pylist(), new[RECORD_KEY].to_pylist(), strict=True)
@@ -197,6 +227,28 @@ class LocalWriter:
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str
     ) -> CommitMetadata:
         return CommitMetadata(operation.value, tuple(stats), replaced, schema)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A write's plan, made on one timeline: the rows of each file group it writes, and the plan itself.
+    ``basis``: what of that timeline the plan rests on (:meth:`basis_of`); on another timeline with the
+    same basis the write would plan the same."""
+
+    basis: tuple[frozenset[str], str | None]
+    operation: Operation
+    tagged: pa.Table
+    buckets: list[Bucket]
+    works: list[FileGroupWrite]
+    replaced: dict[str, tuple[str, ...]]
+    schema: str
+    plan: CommitMetadata
+
+    @staticmethod
+    def basis_of(table: Table, timeline: Timeline) -> tuple[frozenset[str], str | None]:
+        """The completed commits, whose files a write's view shows and whose newest holds the table's
+        schema, and where the timeline starts (files before it count as committed, archived)."""
+        return timeline.data_commits().completed_times, timeline_start(table, timeline)
 
 
 @dataclass

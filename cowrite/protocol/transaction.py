@@ -58,6 +58,7 @@ from cowrite.protocol.conflict import (
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
 from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.revert import Revert
 from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish_schema, recorded_schema
 from cowrite.protocol.turns import Turns, completed_between
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
@@ -80,17 +81,6 @@ class WriteOptions:
     @property
     def heartbeat_policy(self) -> HeartbeatPolicy:
         return HeartbeatPolicy.from_config(self.config)
-
-
-REVERTED_KEY = "cowrite.reverted.clusterings"
-
-
-@dataclass(frozen=True)
-class Revert:
-    """A replacecommit, claimed and written up to inflight, that undoes clusterings."""
-
-    instant: Instant
-    plan: CommitMetadata
 
 
 # (the losing ingestion, the clusterings it lost to, the current timeline) -> the revert, or None when
@@ -130,22 +120,39 @@ class Transaction:
         action: Action = Action.COMMIT,
         options: WriteOptions | None = None,
         alongside: Callable[[], object] | None = None,
+        draft: Callable[[str], CommitMetadata | None] | None = None,
     ) -> Transaction:
         """Claim an instant and list the timeline the write begins on. ``alongside``: requests the writer
-        makes beside the claim (one round trip for all on an object store); it must not raise."""
+        makes beside the claim (one round trip for all on an object store); it must not raise.
+
+        ``draft(instant_time)``: on an object store, the write's plan (or None), made from what the process
+        knew before the claim and written beside the listing after it; :attr:`planned` then holds it, and
+        the writer plans again if the timeline it begins on shows otherwise. Withdrawn with the claim."""
         transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
-        transaction._begin(alongside)
+        early = draft if table.storage.round_trips and transaction.options.txn is None else None
+        transaction._begin(alongside, early)
         return transaction
 
-    def _begin(self, alongside: Callable[[], object] | None) -> None:
+    def _begin(
+        self, alongside: Callable[[], object] | None, draft: Callable[[str], CommitMetadata | None] | None
+    ) -> None:
         # No lock: the claim is a test-and-set, and the timeline the write begins on is listed after it
         # (Table.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
         # instant is judged by its .requested file, written after that claim's create began, so a writer
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
+        drafted: list[tuple[str, CommitMetadata, float]] = []
+
+        def inflight(time_: str) -> bytes | None:
+            planned = draft(time_) if draft is not None else None
+            if planned is None:
+                return None
+            drafted.append((time_, planned, time.time()))  # the plan judges see is no older
+            return planned.to_bytes(self.action)
+
         meanwhile = partial(beside, self.table.storage, self.turns.note, alongside)
         requested, timeline, claimed_at = self.table.begin_instant(
-            self.action, int(self.options.clock() * 1000), meanwhile=meanwhile
+            self.action, int(self.options.clock() * 1000), meanwhile, inflight if draft else None
         )
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which
@@ -168,6 +175,11 @@ class Transaction:
             leased_at=claimed_at,
         ).start()
         log.debug("began %s on %s", requested, self.table)
+        for time_, planned, made in drafted:
+            if time_ == requested.requested_time:  # else drafted for a claim withdrawn with its plan
+                reached(Step.REQUESTED, self.instant_time)
+                self.instant, self.planned = requested.transition(State.INFLIGHT), planned
+                reached(Step.PLANNED, self.instant_time, made=made)
 
     @classmethod
     def adopt(
@@ -208,15 +220,16 @@ class Transaction:
 
     # -- plan and write --------------------------------------------------------------------------
     def plan(self, planned: CommitMetadata) -> None:
-        """Publish ``.inflight`` listing every file group and base file this write may create."""
-        reached(Step.REQUESTED, self.instant_time)
-        self.check_alive()
+        """Publish ``.inflight`` listing every file group and base file this write may create (again, when
+        the plan made beside the claim's listing does not stand)."""
         assert self.instant is not None
-        inflight = self.instant.transition(State.INFLIGHT)
+        if self.instant.state is State.REQUESTED:
+            reached(Step.REQUESTED, self.instant_time)
+        self.check_alive()
+        inflight = replace(self.instant, state=State.INFLIGHT)
         made = time.time()  # the plan judges see is no older
         self.table.storage.write(self.table.instant_path(inflight), planned.to_bytes(self.action))
-        self.instant = inflight
-        self.planned = planned
+        self.instant, self.planned = inflight, planned
         reached(Step.PLANNED, self.instant_time, made=made)
 
     def share_lease(self) -> None:
@@ -415,26 +428,12 @@ class Transaction:
         self.table.published(done, payload)
         self.instant = done
         if reverted is not None:
-            self._publish_revert(reverted, metadata)
+            reverted.publish(self.table, metadata, int(self.options.clock() * 1000))
         elif alter:
             reached(Step.RECORDING_SCHEMA, self.instant_time)
             now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
             publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done
-
-    def _publish_revert(self, revert: Revert, mine: CommitMetadata) -> None:
-        """Complete the replacecommit that undoes clusterings, right after our own commit; it carries
-        forward what ``mine``, our commit, carries: the map of applications' versions and the schema."""
-        now = int(self.options.clock() * 1000)
-        completion = self.table.completion_time(self.table.timeline(), revert.instant.requested_time, now)
-        done = revert.instant.transition(State.COMPLETED, completion)
-        extra = {**revert.plan.extra, TXNS_KEY: mine.extra[TXNS_KEY]}
-        plan = replace(revert.plan, schema=mine.schema, extra=extra)
-        if not self.table.storage.create_if_absent(
-            self.table.instant_path(done), plan.to_bytes(Action.REPLACE_COMMIT)
-        ):
-            raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
-        log.info("reverted clusterings %s with %s", revert.plan.extra.get(REVERTED_KEY), done)
 
     def _check_conflicts(
         self,

@@ -26,6 +26,7 @@ from cowrite import process
 from cowrite.cleaner import service_lock
 from cowrite.errors import StorageError, WriteConflictError
 from cowrite.format import config as keys
+from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import EarlyListing
 from cowrite.format.instant import Instant, State
 from cowrite.format.table import Table
@@ -157,11 +158,12 @@ def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
         yield running
 
 
-def test_a_lone_writer_commits_in_five_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
+def test_a_lone_writer_commits_in_four_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
     """A process's next upsert, nobody else writing: no listing before its claim (its input is held to the
     schema of the timeline it listed last time), its partition listed beside the claim and the lock's
-    turn, then the timeline, the plan, the file beside the lock's next turn, and the completed file: the
-    upsert returns once its commit is complete, and the release follows in the background."""
+    turn, then the timeline beside the plan (made from the timeline the process knew, which the listing
+    confirms), the file beside the lock's next turn, and the completed file: the upsert returns once its
+    commit is complete, and the release follows in the background."""
     writer = LocalWriter(through(table, slow_proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))
     slow_proxy.reset()
@@ -172,7 +174,10 @@ def test_a_lone_writer_commits_in_five_round_trips(table: Table, slow_proxy: Pro
     assert sorted(first) == [("LIST", "locks"), ("LIST", "p0"), ("PUT", "timeline")]
     [release] = [r for r in mine if r.ended > returned]
     assert ".published." in release.path  # the note of the commit ends the turn
-    assert sequential(mine) == 6 and sequential([r for r in mine if r is not release]) == 5
+    assert sequential(mine) == 5 and sequential([r for r in mine if r is not release]) == 4
+    [listing] = [r for r in mine if what(r) == ("LIST", "timeline")]
+    [plan] = [r for r in mine if r.path.endswith(".inflight")]
+    assert plan.began < listing.ended and listing.began < plan.ended
     assert Counter(what(r) for r in mine) == {
         ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("LIST", "p0"): 1, ("PUT", "p0"): 1,
         ("PUT", "locks"): 2, ("LIST", "locks"): 1,
@@ -213,12 +218,47 @@ def test_a_listing_beside_the_claim_that_missed_a_commit_is_made_again(
                 {"id": "r", "part": "p0", "ts": 1, "value": "rival"},
                 {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
-    assert len([r for r in proxy.reset() if r.client == "writer" and what(r) == ("LIST", "p0")]) == 2
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    assert len([r for r in mine if what(r) == ("LIST", "p0")]) == 2
+    # the rival took a later time meanwhile: the writer withdrew its first claim, the plan made beside
+    # its listing first, and claimed again (that claim plans after its listing: the draft was for the first)
+    withdrawn = [r.path.rsplit("/", 1)[-1] for r in mine if r.kind == "DELETE"]
+    assert len(withdrawn) == 2 and withdrawn[0].endswith(".inflight") and withdrawn[1].endswith(".requested")
+    assert [i for i in table.timeline() if not i.is_completed] == []
     writer.upsert(rows(["d"], ts=2, value="writer"))
     mine = [r for r in proxy.reset() if r.client == "writer"]
     [timeline] = [r for r in mine if what(r) == ("LIST", "timeline")]
     [partition] = [r for r in mine if what(r) == ("LIST", "p0")]
     assert partition.began >= timeline.ended
+
+
+def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_new_commit(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """A rival commits into the writer's file group after the writer last looked at the timeline. The
+    writer's plan, made beside its listing from the timeline it knew, does not stand: the listing shows the
+    rival's commit. The writer plans again on what it listed, writes the plan again, and builds on the
+    rival's file — on the first plan, it would drop the rival's key."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["z"], part="p9"))
+    rival.upsert(rows(["k"], ts=1, value="rival"))  # into p0's one file group
+    proxy.reset()
+    done = writer.upsert(rows(["c"], ts=2, value="writer"))
+    expected = [{"id": "a", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "k", "part": "p0", "ts": 1, "value": "rival"},
+                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    [listing] = [r for r in mine if what(r) == ("LIST", "timeline")]
+    _, again = [r for r in mine if r.path.endswith(".inflight")]
+    assert again.began >= listing.ended
+    # the plan in place names what the commit wrote
+    inflight = table.instant_path(Instant(done.requested_time, done.action, State.INFLIGHT))
+    plan = CommitMetadata.from_bytes(table.storage.read(inflight), inflight)
+    assert [s.path for s in plan.write_stats] == [s.path for s in table.commit_metadata(done).write_stats]
 
 
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(

@@ -18,7 +18,8 @@ process: at STEP the writer writes ``--ready-file`` (JSON: pid, step, instant) a
 ============  ====================================================================================
 claimed       holding the table lock to begin: ``.requested`` just created, no heartbeat yet
               (``Step.CLAIMED``)
-requested     ``.requested`` exists, heartbeat running, nothing planned (``Step.REQUESTED``)
+requested     ``.requested`` exists, heartbeat running; nothing planned on local disk, on S3 the plan may be
+              written: the local engine writes it beside the listing after its claim (``Step.REQUESTED``)
 planned       ``.inflight`` planned, no base file written, lock not held (``Step.PLANNED``)
 mid-write     ``.inflight`` planned, the first base file written, the others not (needs 2+ groups)
 written       every base file written, commit not started; on local disk the lock is not held, on S3 it
