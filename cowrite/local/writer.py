@@ -124,12 +124,8 @@ class LocalWriter:
             # Listing early serves when nobody else completed a commit since this process last looked
             # (a lone writer): else it is listed again, and the next write does not list early.
             self._list_early = transaction.begin_timeline.data_commits().completed_times <= known
-            begun = transaction.begin_timeline
             ready = drafts[0] if drafts and transaction.planned is not None else None
-            if ready is None or ready.basis != Draft.basis_of(self.table, begun):
-                ready = self._draft(transaction.instant_time, held, begun, early[0] if early else None)
-                transaction.plan(ready.plan)
-            return self._write_files(transaction, ready)
+            return self._write_files(transaction, held, early[0] if early else None, ready)
 
         listing = self._list_early and held.partitions is not None
         return write_instant(
@@ -187,8 +183,20 @@ class LocalWriter:
         plan = self._metadata(operation, [planned_stat(w) for w in works], replaced, schema)
         return Draft(Draft.basis_of(table, begun), operation, tagged, buckets, works, replaced, schema, plan)
 
-    def _write_files(self, transaction: Transaction, draft: Draft) -> CommitMetadata:
+    def _write_files(
+        self,
+        transaction: Transaction,
+        held: HeldInput,
+        early: EarlyListing | None = None,
+        ready: Draft | None = None,
+    ) -> CommitMetadata:
+        """Plan the write on the timeline it begins on, unless ``ready`` (the plan written beside that
+        timeline's listing) was made on one with the same basis; then write its files."""
         table, instant = self.table, transaction.instant_time
+        draft = ready
+        if draft is None or draft.basis != Draft.basis_of(table, transaction.begin_timeline):
+            draft = self._draft(instant, held, transaction.begin_timeline, early)
+            transaction.plan(draft.plan)
         operation, tagged = draft.operation, draft.tagged
         stats = []
         for task, (bucket, work) in enumerate(zip(draft.buckets, draft.works, strict=True)):

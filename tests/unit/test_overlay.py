@@ -34,7 +34,7 @@ from cowrite.format.timeline import Timeline
 from cowrite.local import read
 from cowrite.local.read import PullMode
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.transaction import Transaction
+from cowrite.steps import Step, observe
 
 MODES = list(PullMode)
 
@@ -49,23 +49,19 @@ def batch(part: str, ids: list[str]) -> pa.Table:
 class SlowWriters:
     """Writers in threads that plan their write at once, and write and commit it when released.
 
-    ``Transaction.plan`` is wrapped (in this process, for the slow writers' threads only) to wait for the
-    writer's gate once its plan exists, before any file and holding no lock (on S3 the last file is written
-    beside taking the lock); its heartbeat keeps running meanwhile, as a long backfill's would.
+    Each waits for its gate once its plan exists (:attr:`at_step` observes ``Step.PLANNED`` in the slow
+    writers' threads only), before any file and holding no lock (on S3 the last file is written beside
+    taking the lock); its heartbeat keeps running meanwhile, as a long backfill's would.
     """
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
         self.gates: dict[int, tuple[threading.Event, list[str]]] = {}
-        original = Transaction.plan
 
-        def plan(transaction: Transaction, *args: Any, **kwargs: Any) -> None:
-            original(transaction, *args, **kwargs)
-            gate = self.gates.get(threading.get_ident())
-            if gate is not None:
-                gate[1].append(transaction.instant_time)  # planned, nothing written
-                assert gate[0].wait(WAIT), "a slow writer was never released"
-
-        monkeypatch.setattr(Transaction, "plan", plan)
+    def at_step(self, step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        gate = self.gates.get(threading.get_ident())
+        if step is Step.PLANNED and gate is not None and instant is not None:
+            gate[1].append(instant)  # planned, nothing written
+            assert gate[0].wait(WAIT), "a slow writer was never released"
 
     def start(self, table: Table, data: pa.Table) -> Slow:
         slow = Slow(threading.Event())
@@ -252,10 +248,16 @@ def scenario(table: Table) -> Iterator[Scenario]:
 # -- scenarios ---------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def slow_writers() -> Iterator[SlowWriters]:
+    writers = SlowWriters()
+    with observe(writers.at_step):
+        yield writers
+
+
 def test_slow_writers_that_commit_last_are_pulled_once_in_every_mode(
-    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+    scenario: Scenario, slow_writers: SlowWriters
 ) -> None:
-    slow_writers = SlowWriters(monkeypatch)
     table = scenario.table
     seed = scenario.commit("a", ["a1", "a2"])
     scenario.pull()
@@ -291,9 +293,8 @@ def test_slow_writers_that_commit_last_are_pulled_once_in_every_mode(
     indirect=["storage_uri"],  # S3 (moto answers one request at a time) runs the scripted schedule above
 )
 def test_random_interleavings_lose_and_repeat_nothing(
-    scenario: Scenario, monkeypatch: pytest.MonkeyPatch, seed: int
+    scenario: Scenario, slow_writers: SlowWriters, seed: int
 ) -> None:
-    slow_writers = SlowWriters(monkeypatch)
     chance = random.Random(seed)
     parts = ["p0", "p1", "p2", "p3", "p4"]
     busy: dict[str, tuple[Slow, list[str]]] = {}  # partition -> its pending slow writer (disjoint groups)
