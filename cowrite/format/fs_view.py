@@ -25,7 +25,7 @@ from typing import IO
 
 from cowrite.errors import BaseFileGoneError, TimeTravelCleanedError
 from cowrite.format import config as keys
-from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR, Timeline
@@ -219,7 +219,7 @@ class EarlyListing:
     the files of every commit completed before it began — those this process knew of then (:meth:`take`).
     A view of a timeline on which only such commits are completed needs no other listing (:meth:`holds`).
     ``known``: the requested times of commits known completed before the listing began
-    (:meth:`Table.known_completed`, taken before).
+    (of :meth:`Table.known_timeline`, taken before).
     """
 
     partitions: tuple[str, ...]
@@ -236,6 +236,17 @@ class EarlyListing:
         the same partitions, and no commit on ``timeline`` completed that this process learnt of later."""
         same = partitions is not None and tuple(partitions) == self.partitions
         return same and timeline.data_commits().completed_times <= self.known
+
+    def after(self, commit: Instant, written: Iterable[WriteStat]) -> EarlyListing:
+        """This listing once this process's ``commit``, which wrote ``written`` into these partitions, has
+        completed: what a listing then would show to a write, as far as this process knows — the file
+        groups ``commit`` wrote by their new slice alone, the one a write builds on. A commit of anyone
+        else is not in it, nor known to it: a view of a timeline that shows one lists again
+        (:meth:`holds`)."""
+        new = [f for s in written if (f := BaseFile.parse(FileInfo(s.path, s.file_size, 0.0))) is not None]
+        groups = {(f.partition, f.file_id) for f in new}
+        kept = [f for f in self.files if (f.partition, f.file_id) not in groups]
+        return EarlyListing(self.partitions, self.known | {commit.requested_time}, [*kept, *new])
 
 
 def replaced_file_groups(table: Table, commits: Iterable[Instant]) -> set[tuple[str, str]]:

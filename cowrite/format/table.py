@@ -232,10 +232,6 @@ class Table:
             while len(_published) > _PUBLISHED_KEPT:
                 del _published[next(iter(_published))]
 
-    def known_completed(self) -> frozenset[str]:
-        """Requested times of the instants this process knows are completed (:meth:`known_timeline`)."""
-        return self.known_timeline().completed_times
-
     def known_timeline(self) -> Timeline:
         """The last timeline this process listed, with the commits it published itself since (the last
         few), without listing: each was completed before this call. Never a view to act on unconfirmed."""
@@ -286,7 +282,7 @@ class Table:
         self,
         action: Action,
         now_millis: int,
-        meanwhile: Callable[[], object] | None = None,
+        meanwhile: Callable[[str], object] | None = None,
         plan: Callable[[str], bytes | None] | None = None,
     ) -> tuple[Instant, Timeline, float]:
         """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
@@ -296,10 +292,11 @@ class Table:
         That timeline shows every instant completed before the claim was made: what the cleaner and the
         archiver take a pending writer to have seen (they order the two by the files' modification
         times). The time is picked after the newest instant of the last timeline this process listed,
-        which saves a listing; a claim that turns out too early is made again. ``meanwhile`` (requests the
-        writer makes before that listing, such as noting the lock's turn) runs beside the first try to
-        claim: one round trip for both on an object store. ``plan(time)`` (the write's ``.inflight``
-        content, or None) is written beside the listing after that first try, and withdrawn with its claim.
+        which saves a listing; a claim that turns out too early is made again. ``meanwhile(time)`` (requests
+        the writer makes before that listing, such as noting the lock's turn, and work such as drafting its
+        plan for ``time``) runs beside the first try to claim ``time``: one round trip for both on an object
+        store; it must not raise. ``plan(time)``, the ``.inflight`` content drafted for a claim of ``time``
+        that stood (or None), is written beside the listing after it, and withdrawn with the claim.
         """
         last = Timeline.last_listed(self.storage)
         return self._claim(last, action, now_millis, meanwhile=meanwhile, inflight=plan)
@@ -310,7 +307,7 @@ class Table:
         action: Action,
         now_millis: int,
         plan: bytes | Callable[[str], bytes] = b"",
-        meanwhile: Callable[[], object] | None = None,
+        meanwhile: Callable[[str], object] | None = None,
         inflight: Callable[[str], bytes | None] | None = None,
     ) -> tuple[Instant, Timeline, float]:
         """Create ``.requested`` at the first free time after ``timeline``'s newest instant and every time
@@ -334,11 +331,14 @@ class Table:
                 content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
                 create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
                 made_at = time.monotonic()
-                created, meanwhile = beside(self.storage, create, meanwhile), None
+                side = meanwhile and partial(meanwhile, instant.requested_time)
+                created, meanwhile = beside(self.storage, create, side), None
                 if created:
                     break
                 millis += 1
-            planned, inflight = inflight and partial(self._plan, instant, inflight), None
+            drafted, inflight = inflight and inflight(instant.requested_time), None
+            path = self.instant_path(instant.transition(State.INFLIGHT))
+            planned = partial(self.storage.write, path, drafted) if drafted else None
             try:
                 after = beside(self.storage, self.timeline, planned)
                 shared = instant.requested_time in Timeline.shared_times(self.storage)
@@ -363,11 +363,6 @@ class Table:
             made = time.time() - (time.monotonic() - made_at)  # the claim judges see is no older
             reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen, made=made)
         return instant, after, made_at
-
-    def _plan(self, claim: Instant, plan: Callable[[str], bytes | None]) -> None:
-        content = plan(claim.requested_time)
-        if content is not None:
-            self.storage.write(self.instant_path(claim.transition(State.INFLIGHT)), content)
 
     def withdraw(self, instant: Instant, why: str, planned: bool = False) -> None:
         """Delete the ``.requested`` file of a claim under which nothing was written (its ``.inflight``

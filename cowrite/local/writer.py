@@ -58,6 +58,7 @@ class LocalWriter:
         self.options = options or WriteOptions(config=table.config)
         self._recent = RecentFiles()
         self._list_early = True  # whether the next write lists its partitions beside its claim
+        self._listed: EarlyListing | None = None  # the files of the last write's partitions, after it
         self.records = 0  # records of the last write, after deduplication where the operation merges
         self.refused: TxnAlreadyCommittedError | None = None  # why the last write committed nothing
 
@@ -96,26 +97,30 @@ class LocalWriter:
 
     # -- one instant -----------------------------------------------------------------------------
     def _write_once(self, held: HeldInput) -> Instant:
-        known = self.table.known_completed()
+        known = self.table.known_timeline().completed_times
         early: list[EarlyListing] = []
         drafts: list[Draft] = []
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
+            listed, self._listed = self._listed, None
+            if listed is not None and listed.partitions == tuple(held.named_partitions):
+                early.append(listed)  # what this process knows needs no request: the timeline confirms it
+                return
             try:
                 early.append(EarlyListing.take(self.table, held.named_partitions, known))
             except CowriteError as exc:
                 log.info("listing %s before the timeline failed: %s", held.partitions, exc)
 
         def draft(instant: str) -> CommitMetadata | None:
-            # beside the listing after the claim, from the timeline this process knew: it stands if that
-            # listing shows the same commits (a lone writer), else the write plans again on what it shows
+            # beside the claim, from the timeline this process knew; written beside the listing after it, it
+            # stands if that shows the same commits (a lone writer), else the write plans again on it
             if not early:
                 return None
             claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
             expected = Timeline([*self.table.known_timeline(), claim])
             try:
                 drafts.append(self._draft(instant, held, expected, early[0]))
-            except CowriteError as exc:
+            except Exception as exc:  # beside the claim, which must not fail: it costs the plan after
                 log.info("planning %s before the timeline failed: %s", instant, exc)
                 return None
             return drafts[0].plan
@@ -125,10 +130,13 @@ class LocalWriter:
             # (a lone writer): else it is listed again, and the next write does not list early.
             self._list_early = transaction.begin_timeline.data_commits().completed_times <= known
             ready = drafts[0] if drafts and transaction.planned is not None else None
-            return self._write_files(transaction, held, early[0] if early else None, ready)
+            written.append(self._write_files(transaction, held, early[0] if early else None, ready))
+            return written[0]
 
+        written: list[CommitMetadata] = []
         listing = self._list_early and held.partitions is not None
-        return write_instant(
+        self._listed = self._listed if listing else None
+        done = write_instant(
             self.table,
             held.operation.value,
             held.operation.action,
@@ -137,6 +145,9 @@ class LocalWriter:
             alongside=list_early if listing else None,
             draft=draft if listing else None,
         )
+        if self._list_early and early:  # it held: the next write, if it finds the same, need not list
+            self._listed = early[0].after(done, written[0].write_stats)
+        return done
 
     def _draft(self, instant: str, held: HeldInput, begun: Timeline, early: EarlyListing | None) -> Draft:
         """What ``held`` writes as ``instant`` on the table as of ``begun``: its rows by file group, and the

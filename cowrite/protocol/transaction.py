@@ -63,7 +63,7 @@ from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish
 from cowrite.protocol.turns import Turns, completed_between
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
-from cowrite.storage.together import beside
+from cowrite.storage.together import beside, in_turn
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +124,10 @@ class Transaction:
     ) -> Transaction:
         """Claim an instant and list the timeline the write begins on. ``alongside``: requests the writer
         makes beside the claim (one round trip for all on an object store); it must not raise.
-
-        ``draft(instant_time)``: on an object store, the write's plan (or None), made from what the process
-        knew before the claim and written beside the listing after it; :attr:`planned` then holds it, and
-        the writer plans again if the timeline it begins on shows otherwise. Withdrawn with the claim."""
+        ``draft(instant_time)``: on an object store, the write's plan (or None; it must not raise), made
+        beside the claim from what the process knew before it and written beside the listing after it;
+        :attr:`planned` then holds it, and the writer plans again if the timeline it begins on shows
+        otherwise. Withdrawn with the claim."""
         transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
         early = draft if table.storage.round_trips and transaction.options.txn is None else None
         transaction._begin(alongside, early)
@@ -141,19 +141,20 @@ class Transaction:
         # instant is judged by its .requested file, written after that claim's create began, so a writer
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
-        drafted: list[tuple[str, CommitMetadata, float]] = []
+        drafted: dict[str, tuple[CommitMetadata, float]] = {}  # by the time it names, and when it was made
 
-        def inflight(time_: str) -> bytes | None:
-            planned = draft(time_) if draft is not None else None
-            if planned is None:
-                return None
-            drafted.append((time_, planned, time.time()))  # the plan judges see is no older
-            return planned.to_bytes(self.action)
+        def drafting(time_: str) -> None:
+            if draft is not None and (planned := draft(time_)) is not None:
+                drafted[time_] = planned, time.time()  # the plan judges see is no older
 
-        meanwhile = partial(beside, self.table.storage, self.turns.note, alongside)
-        requested, timeline, claimed_at = self.table.begin_instant(
-            self.action, int(self.options.clock() * 1000), meanwhile, inflight if draft else None
-        )
+        def meanwhile(time_: str) -> None:  # the lock's turn, the engine's requests, then its plan
+            beside(self.table.storage, self.turns.note, in_turn(alongside, partial(drafting, time_)))
+
+        def plan(time_: str) -> bytes | None:
+            return drafted[time_][0].to_bytes(self.action) if time_ in drafted else None
+
+        now = int(self.options.clock() * 1000)
+        requested, timeline, claimed_at = self.table.begin_instant(self.action, now, meanwhile, plan)
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which
             # nothing was written, is withdrawn so the timeline is left as it was.
@@ -175,11 +176,11 @@ class Transaction:
             leased_at=claimed_at,
         ).start()
         log.debug("began %s on %s", requested, self.table)
-        for time_, planned, made in drafted:
-            if time_ == requested.requested_time:  # else drafted for a claim withdrawn with its plan
-                reached(Step.REQUESTED, self.instant_time)
-                self.instant, self.planned = requested.transition(State.INFLIGHT), planned
-                reached(Step.PLANNED, self.instant_time, made=made)
+        if requested.requested_time in drafted:  # else drafted for a claim that did not stand, or none
+            reached(Step.REQUESTED, self.instant_time)
+            self.planned, made = drafted[requested.requested_time]
+            self.instant = requested.transition(State.INFLIGHT)
+            reached(Step.PLANNED, self.instant_time, made=made)
 
     @classmethod
     def adopt(

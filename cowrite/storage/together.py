@@ -51,6 +51,14 @@ def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] |
     return main.result()
 
 
+def in_turn(*calls: Callable[[], object] | None) -> Callable[[], object] | None:
+    """The ``calls`` that are not None, one after the other (a side of :func:`beside` made of several)."""
+    made = [call for call in calls if call is not None]
+    if len(made) < 2:
+        return made[0] if made else None
+    return lambda: [call() for call in made]
+
+
 def in_background(storage: Storage, call: Callable[[], object], what: str) -> Future[bool] | None:
     """Make the requests of ``call`` without waiting for them where each is a round trip, and return
     the future of whether it succeeded (a failure is logged as ``what`` failing); on local disk, make

@@ -160,10 +160,10 @@ def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
 
 def test_a_lone_writer_commits_in_four_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
     """A process's next upsert, nobody else writing: no listing before its claim (its input is held to the
-    schema of the timeline it listed last time), its partition listed beside the claim and the lock's
-    turn, then the timeline beside the plan (made from the timeline the process knew, which the listing
-    confirms), the file beside the lock's next turn, and the completed file: the upsert returns once its
-    commit is complete, and the release follows in the background."""
+    schema of the timeline it listed last time), the lock's turn listed beside the claim (the partition's
+    files it knows from its last write), then the timeline beside the plan (made from the timeline the
+    process knew, which the listing confirms), the file beside the lock's next turn, and the completed
+    file: the upsert returns once its commit is complete, and the release follows in the background."""
     writer = LocalWriter(through(table, slow_proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))
     slow_proxy.reset()
@@ -171,7 +171,7 @@ def test_a_lone_writer_commits_in_four_round_trips(table: Table, slow_proxy: Pro
     returned = time.time()
     mine = [r for r in slow_proxy.reset() if r.client == "alone"]
     first = [what(r) for r in mine if r.began < min(r.ended for r in mine)]
-    assert sorted(first) == [("LIST", "locks"), ("LIST", "p0"), ("PUT", "timeline")]
+    assert sorted(first) == [("LIST", "locks"), ("PUT", "timeline")]
     [release] = [r for r in mine if r.ended > returned]
     assert ".published." in release.path  # the note of the commit ends the turn
     assert sequential(mine) == 5 and sequential([r for r in mine if r is not release]) == 4
@@ -179,8 +179,8 @@ def test_a_lone_writer_commits_in_four_round_trips(table: Table, slow_proxy: Pro
     [plan] = [r for r in mine if r.path.endswith(".inflight")]
     assert plan.began < listing.ended and listing.began < plan.ended
     assert Counter(what(r) for r in mine) == {
-        ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("LIST", "p0"): 1, ("PUT", "p0"): 1,
-        ("PUT", "locks"): 2, ("LIST", "locks"): 1,
+        ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("PUT", "p0"): 1, ("PUT", "locks"): 2,
+        ("LIST", "locks"): 1,
     }  # fmt: skip
     expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
                 {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
@@ -236,25 +236,27 @@ def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_n
     table: Table, proxy: ProxyProcess
 ) -> None:
     """A rival commits into the writer's file group after the writer last looked at the timeline. The
-    writer's plan, made beside its listing from the timeline it knew, does not stand: the listing shows the
-    rival's commit. The writer plans again on what it listed, writes the plan again, and builds on the
-    rival's file — on the first plan, it would drop the rival's key."""
+    writer's plan, made beside its claim from the timeline it knew and the partition's files it knew from
+    its last write, does not stand: the listing after the claim shows the rival's commit. The writer lists
+    the partition, plans again on what it listed, writes the plan again, and builds on the rival's file —
+    on the first plan, it would drop the rival's key."""
     writer = LocalWriter(through(table, proxy, "writer"))
     rival = LocalWriter(through(table, proxy, "rival"))
-    writer.upsert(rows(["z"], part="p9"))
-    rival.upsert(rows(["k"], ts=1, value="rival"))  # into p0's one file group
+    writer.upsert(rows(["z"], ts=1, value="writer"))  # into p0's one file group, as the others
+    rival.upsert(rows(["k"], ts=1, value="rival"))
     proxy.reset()
     done = writer.upsert(rows(["c"], ts=2, value="writer"))
     expected = [{"id": "a", "part": "p0", "ts": 1, "value": "v"},
                 {"id": "b", "part": "p0", "ts": 1, "value": "v"},
                 {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
                 {"id": "k", "part": "p0", "ts": 1, "value": "rival"},
-                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+                {"id": "z", "part": "p0", "ts": 1, "value": "writer"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
     mine = [r for r in proxy.reset() if r.client == "writer"]
     [listing] = [r for r in mine if what(r) == ("LIST", "timeline")]
+    [partition] = [r for r in mine if what(r) == ("LIST", "p0")]
     _, again = [r for r in mine if r.path.endswith(".inflight")]
-    assert again.began >= listing.ended
+    assert partition.began >= listing.ended and again.began >= partition.ended
     # the plan in place names what the commit wrote
     inflight = table.instant_path(Instant(done.requested_time, done.action, State.INFLIGHT))
     plan = CommitMetadata.from_bytes(table.storage.read(inflight), inflight)
