@@ -63,7 +63,7 @@ from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish
 from cowrite.protocol.turns import Turns, completed_between
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
-from cowrite.storage.together import beside, in_turn
+from cowrite.storage.together import ahead, beside
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +142,16 @@ class Transaction:
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
         drafted: dict[str, tuple[CommitMetadata, float]] = {}  # by the time it names, and when it was made
+        # The lock's turn is listed first: on a server that answers one request at a time, the claim's
+        # round trip then does not wait for that listing as well.
+        noted = ahead(self.table.storage, self.turns.note)
 
-        def drafting(time_: str) -> None:
+        def meanwhile(time_: str) -> None:  # beside the claim: the engine's requests, its plan, the turn
+            if alongside is not None:
+                alongside()
             if draft is not None and (planned := draft(time_)) is not None:
                 drafted[time_] = planned, time.time()  # the plan judges see is no older
-
-        def meanwhile(time_: str) -> None:  # the lock's turn, the engine's requests, then its plan
-            beside(self.table.storage, self.turns.note, in_turn(alongside, partial(drafting, time_)))
+            noted()
 
         def plan(time_: str) -> bytes | None:
             return drafted[time_][0].to_bytes(self.action) if time_ in drafted else None
@@ -166,8 +169,7 @@ class Transaction:
                 self.table.withdraw(requested, "its application version was already committed")
                 raise
         self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
-        self.instant = requested
-        self.begin_timeline = timeline
+        self.instant, self.begin_timeline = requested, timeline
         self.heartbeat = Heartbeat(
             self.table.storage,
             requested.requested_time,
@@ -201,9 +203,7 @@ class Transaction:
         if not table.storage.create_if_absent(table.instant_path(inflight), plan.to_bytes(planned.action)):
             raise CommitFailedError(f"{inflight} of {table.uri} is already being executed by another job")
         transaction = cls(table, planned.action, plan.operation, options or WriteOptions(config=table.config))
-        transaction.instant = inflight
-        transaction.planned = plan
-        transaction.begin_timeline = seen
+        transaction.instant, transaction.planned, transaction.begin_timeline = inflight, plan, seen
         transaction.holder = transaction.lock.holder = transaction.holder.for_instant(planned.requested_time)
         transaction.heartbeat = Heartbeat(
             table.storage,

@@ -51,12 +51,14 @@ def beside(storage: Storage, call: Callable[[], T], also: Callable[[], object] |
     return main.result()
 
 
-def in_turn(*calls: Callable[[], object] | None) -> Callable[[], object] | None:
-    """The ``calls`` that are not None, one after the other (a side of :func:`beside` made of several)."""
-    made = [call for call in calls if call is not None]
-    if len(made) < 2:
-        return made[0] if made else None
-    return lambda: [call() for call in made]
+def ahead(storage: Storage, call: Callable[[], T]) -> Callable[[], T]:
+    """``call``'s requests made now, in a thread of the pool where each is a round trip, before those the
+    caller makes next: the function returned waits for what it returns (or raises). On local disk it is
+    made now."""
+    if not storage.round_trips:
+        result = call()
+        return lambda: result
+    return _requests().submit(call).result
 
 
 def in_background(storage: Storage, call: Callable[[], object], what: str) -> Future[bool] | None:
