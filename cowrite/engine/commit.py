@@ -40,8 +40,8 @@ def write_instant(
 
     Whatever ``write`` raises aborts the transaction (its planned files are deleted, its heartbeat marks
     it failed for the rollback) and propagates; so do :meth:`Transaction.begin`'s and the commit's errors.
-    ``alongside`` and ``draft``: requests made beside the claim, and the plan made beside the listing after
-    it (see :meth:`Transaction.begin`).
+    ``alongside`` and ``draft``: requests made beside the claim, and the plan drafted beside it and written
+    beside the listing after it (see :meth:`Transaction.begin`).
     """
     transaction = Transaction.begin(table, operation, action, options, alongside, draft)
     try:

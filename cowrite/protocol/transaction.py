@@ -222,7 +222,7 @@ class Transaction:
     # -- plan and write --------------------------------------------------------------------------
     def plan(self, planned: CommitMetadata) -> None:
         """Publish ``.inflight`` listing every file group and base file this write may create (again, when
-        the plan made beside the claim's listing does not stand)."""
+        the plan written beside the listing after the claim does not stand)."""
         assert self.instant is not None
         if self.instant.state is State.REQUESTED:
             reached(Step.REQUESTED, self.instant_time)
