@@ -100,6 +100,7 @@ class LocalWriter:
         known = self.table.known_timeline().completed_times
         early: list[EarlyListing] = []
         drafts: list[Draft] = []
+        written: list[CommitMetadata] = []
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
             listed, self._listed = self._listed, None
@@ -133,9 +134,8 @@ class LocalWriter:
             written.append(self._write_files(transaction, held, early[0] if early else None, ready))
             return written[0]
 
-        written: list[CommitMetadata] = []
         listing = self._list_early and held.partitions is not None
-        self._listed = self._listed if listing else None
+        self._listed = self._listed if listing else None  # kept only while writes list early
         done = write_instant(
             self.table,
             held.operation.value,
