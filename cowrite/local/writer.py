@@ -97,7 +97,8 @@ class LocalWriter:
 
     # -- one instant -----------------------------------------------------------------------------
     def _write_once(self, held: HeldInput) -> Instant:
-        known = self.table.known_timeline().completed_times
+        knew = self.table.known_timeline()  # the plan is drafted from it; nothing is listed before the claim
+        known = knew.completed_times
         early: list[EarlyListing] = []
         drafts: list[Draft] = []
         written: list[CommitMetadata] = []
@@ -118,7 +119,7 @@ class LocalWriter:
             if not early:
                 return None
             claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
-            expected = Timeline([*self.table.known_timeline(), claim])
+            expected = Timeline([*knew, claim])
             try:
                 drafts.append(self._draft(instant, held, expected, early[0]))
             except Exception as exc:  # beside the claim, which must not fail: it costs the plan after
