@@ -142,8 +142,8 @@ class Transaction:
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
         drafted: dict[str, tuple[CommitMetadata, float]] = {}  # by the time it names, and when it was made
-        # The lock's turn is listed first: on a server that answers one request at a time, the claim's
-        # round trip then does not wait for that listing as well.
+        # The lock's turn is noted first (where that lists): on a server that answers one request at a
+        # time, the claim's round trip then does not wait for that listing as well.
         noted = ahead(self.table.storage, self.turns.note)
 
         def meanwhile(time_: str) -> None:  # beside the claim: the engine's requests, its plan, the turn

@@ -692,6 +692,49 @@ def test_a_taker_whose_listing_is_fresh_holds_the_lock_without_listing_again(
     finish_background()
 
 
+def test_a_process_takes_its_next_turn_from_its_last_one_without_listing(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store the create of a process's last turn showed that no later turn existed, and
+    collectors leave a later one alone longer than FRESH_VIEW: so while that create began less than half
+    FRESH_VIEW ago, the process notes its next turn and takes it with no listing. Every fourth turn (the
+    one that collects old lock files) is taken from a listing, which leaves it to a waiter queued for it;
+    a waiter queued for another is overtaken. A turn someone else took meanwhile is not taken twice."""
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 60.0)  # fresh, however slow the machine
+    listings: list[str] = []
+    listed = s3_storage.list
+    monkeypatch.setattr(s3_storage, "list", lambda path: listings.append(path) or listed(path))
+    for waiting in (2, 4):  # places of waiters that died in the queue
+        assert s3_storage.create_if_absent(queued_path(waiting), b"")
+
+    def next_turn(owner: str) -> tuple[int | None, bool, bool]:
+        lock = fs_lock(s3_storage, LockHolder(owner=owner))
+        listings.clear()
+        one_try = lock.acquire_next(lock.turn())
+        if not one_try:
+            lock.acquire(timeout=5)
+        took = (lock.lock_id, one_try, bool(listings))
+        lock.release()
+        return took
+
+    taken = [next_turn(f"writer-{n}") for n in range(5)]
+    # (id, taken with one try, listed): the first turn and the fourth list, and the fourth is left a while
+    assert taken == [(1, True, True), (2, True, False), (3, True, False), (4, False, True), (5, True, False)]
+    finish_background()
+    assert s3_storage.create_if_absent(acquired_path(6), LockHolder(owner="rival").to_bytes())
+    lock = fs_lock(s3_storage, LockHolder(owner="overtaken"))
+    assert lock.turn() == 5 and not lock.acquire_next(5) and lock.lock_id is None
+    assert s3_storage.create_if_absent(released_path(6), b"")
+    lock.acquire(timeout=5)
+    assert lock.lock_id == 7
+    lock.release()
+    finish_background()
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 0.2)
+    time.sleep(0.1)  # the last turn began half FRESH_VIEW ago or more: the next one is listed
+    listings.clear()
+    assert fs_lock(s3_storage).turn() == 7 and listings == [LOCK_DIR]
+
+
 def test_collectors_leave_the_files_of_young_locks_on_an_object_store(
     s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,7 +53,7 @@ from cowrite.protocol.locks.lock_files import (
     staleness,
     write_release,
 )
-from cowrite.protocol.locks.releases import end_turn, hold_seconds, releasing, settle
+from cowrite.protocol.locks.releases import end_turn, hold_seconds, last_turn, releasing, settle
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
 from cowrite.storage.together import beside, in_background
@@ -118,6 +118,9 @@ class FileSystemLock(TableLock):
         self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
         self._noted: str | None = None  # what the turn this object holds published, once it says
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
+        # Since when what this object knows of the lock directory holds (time.monotonic()): when its last
+        # listing began, or when its process's create of the last turn began; None on local disk.
+        self._view_at: float | None = None
         self._highest = 0  # the highest id of this waiter's last listing
         self._asked = 0.0  # seconds that listing took
         self._place: int | None = None  # the id this waiter queued for (object stores)
@@ -188,9 +191,18 @@ class FileSystemLock(TableLock):
         return False
 
     def turn(self) -> int | None:
-        """The id of the last lock released (one listing): lock ids name the turns."""
-        files = self._last = scan(self.storage)
-        self._notes = dict(files.published)
+        """The id of the last lock released: lock ids name the turns. One listing, or on an object store
+        none where this process's own last turn began less than half :data:`FRESH_VIEW` ago (its create
+        then showed that no later turn existed, and a later one is not collected that soon), unless the turn
+        after it is one that collects old lock files: that one is taken from a listing, so a waiter queued
+        for a turn is overtaken by a process that lists nothing for at most that many turns."""
+        own = last_turn(self.storage.uri) if self.storage.round_trips else None
+        if own is not None and (own[0] + 1) % _KEPT_ON_RELEASE:
+            if time.monotonic() - own[1] < FRESH_VIEW / 2:
+                self._notes, self._view_at, self._free_after = {}, own[1], own[0]
+                return own[0]
+        self._notes = {}
+        files = self._scan()
         if files.is_held(files.highest) and not releasing(self.storage.uri, files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
@@ -203,8 +215,7 @@ class FileSystemLock(TableLock):
         while the listing that noted ``turn`` is fresh, where :meth:`acquire` lists first."""
         if turn is None or turn != self._free_after:
             return False  # the next turn was taken when ``turn`` was noted: do not ask in vain
-        listed_at = self._last.listed_at
-        if listed_at is not None and time.monotonic() - listed_at >= FRESH_VIEW:
+        if self._view_at is not None and time.monotonic() - self._view_at >= FRESH_VIEW:
             return False  # a listing first costs what one confirming the create would, and spares a create
         if settle(self.storage.uri) == turn:
             return False  # our own release of ``turn`` failed: it is still held
@@ -318,11 +329,10 @@ class FileSystemLock(TableLock):
         if not self.storage.create_if_absent(acquired_path(candidate), payload):
             self._waited_for = candidate
             return _Outcome.BUSY
-        # Our listing may have been stale: after lock files were garbage-collected, an id far below the
+        # Our view may have been stale: after lock files were garbage-collected, an id far below the
         # current one can be created again. A fresh one cannot be (collectors leave young locks alone,
         # lock_files): the create that succeeded took the very next turn.
-        listed_at = self._last.listed_at
-        if listed_at is not None and time.monotonic() - listed_at < FRESH_VIEW:
+        if self._view_at is not None and time.monotonic() - self._view_at < FRESH_VIEW:
             return self._taken(candidate, asked)
         try:
             higher = self._scan().highest
@@ -354,6 +364,7 @@ class FileSystemLock(TableLock):
     def _scan(self) -> LockFiles:
         """List the lock directory, keeping the notes it shows for :meth:`published_since`."""
         files = self._last = scan(self.storage)
+        self._view_at = files.listed_at
         self._notes.update(files.published)
         return files
 

@@ -34,6 +34,8 @@ object store a taker whose listing began less than :data:`FRESH_VIEW` before its
 that listing, and collectors make that safe: a process deletes only locks that a listing of its own first
 showed at least :data:`COLLECTABLE_AGE` earlier, so at least that old. A lock created after a taker's
 listing began is then still there when the taker's create reaches the storage, which refuses the create.
+A taker's own create of lock ``N`` is as good a view as a listing begun when that create began: no later
+lock existed when it succeeded, so a process takes ``N+1`` from its own last turn without listing.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ commit that does. Any other turn ends with ``lock<id>.released`` (:mod:`.lock_fi
 On an object store the release is made in the background: what it ends (a commit) is complete, and
 nobody in the process needs its answer. The process's next try for the same table's lock waits for it
 first (:func:`settle`), so its turns never overlap, and a listing that raced it counts that lock as free
-(:func:`releasing`). How long the process's holds lasted paces its waiters (:func:`hold_seconds`).
+(:func:`releasing`). How long the process's holds lasted paces its waiters (:func:`hold_seconds`), and
+its last turn lets its next one be taken without listing the lock directory (:func:`last_turn`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ _HOLD_SECONDS: dict[str, float] = keep_mapping(
     "request, a waiter pauses about that long between tries",
 )
 
+_LAST_TURN: dict[str, tuple[int, float]] = keep_mapping(
+    "cowrite.protocol.locks.releases._LAST_TURN",
+    {},
+    "one turn per table whose lock this process released",
+    "the id of this process's last turn of each table's lock and when its create began: on an object store "
+    "the next turn is taken from it, without a listing, while that is fresh",
+)
+
 _RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
     "cowrite.protocol.locks.releases._RELEASING",
     {},
@@ -50,6 +59,7 @@ def end_turn(
     the note ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`),
     else with ``lock<id>.released``. On local disk now, raising what the storage raises; on an object
     store in the background, where a failure is only logged (the lock then expires)."""
+    _LAST_TURN[storage.uri] = (lock_id, held_since)
     give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now)
     releasing = in_background(storage, give_back, f"releasing table lock {lock_id}")
     if releasing is not None:
@@ -77,6 +87,12 @@ def _give_back(
 def hold_seconds(uri: str) -> float | None:
     """How long this process's holds of the lock of the table at ``uri`` lasted lately; None before one."""
     return _HOLD_SECONDS.get(uri)
+
+
+def last_turn(uri: str) -> tuple[int, float] | None:
+    """The id of the last turn of the lock of the table at ``uri`` this process ended (its release may be
+    underway), and when the create that took it began (``time.monotonic()``); None before one."""
+    return _LAST_TURN.get(uri)
 
 
 def releasing(uri: str, lock_id: int) -> bool:
