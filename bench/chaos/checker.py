@@ -135,8 +135,8 @@ class Checker:
         self.life: dict[str, list[float]] = defaultdict(list)
         self.given_up: dict[str, float] = {}  # instant -> when its writer started to abort
         self.planned: dict[str, list[float]] = defaultdict(list)  # instant -> when .inflight was written
-        # time -> when a writer left a claim of it behind: its delete failed (a withdrawn claim), or its
-        # create acted but the answer was lost (a claim the writer never knew it made)
+        # time -> when a writer left a claim of it behind: its withdrawal failed, or its create acted but
+        # the answer was lost (a claim the writer never knew it made)
         self.left_behind: dict[str, list[float]] = defaultdict(list)
         self.versions: dict[tuple[str, str], Record] = {}  # (key, instant) -> the row that instant wrote
 
@@ -193,8 +193,7 @@ class Checker:
                         self.stats.stops += 1
                 elif kind == "storage-fault":
                     self.stats.storage_faults += 1
-                    left = event["kind"] in ("delete-fail", "create-lost-ack")
-                    if left and (claimed := _claim_in(event["path"])) is not None:
+                    if (claimed := _left_behind_by(event["kind"], event["path"])) is not None:
                         self.left_behind[claimed].append(event["wall"])
         for fault in self.o.harness:
             if fault["kind"] == "kill":
@@ -840,8 +839,10 @@ def _out_of_order(
     return found
 
 
-def _claim_in(path: str) -> str | None:
-    """The time of the claim ``path`` names (a ``.requested`` file of the timeline), else None."""
+def _left_behind_by(fault: str, path: str) -> str | None:
+    """The time of the claim a storage ``fault`` on ``path`` may leave behind, else None: a delete of its
+    ``.requested`` file that failed, a create of it that acted but lost its answer, or any failed delete
+    of its ``.inflight`` (a withdrawal deletes the plan first, and stops there)."""
     directory, _, name = path.rpartition("/")
     if directory != TIMELINE_DIR:
         return None
@@ -849,4 +850,8 @@ def _claim_in(path: str) -> str | None:
         instant = Instant.parse(name)
     except InvalidInstantError:
         return None
-    return instant.requested_time if instant.state is State.REQUESTED else None
+    if instant.state is State.REQUESTED and fault in ("delete-fail", "create-lost-ack"):
+        return instant.requested_time
+    if instant.state is State.INFLIGHT and fault in ("delete-fail", "delete-lost-ack"):
+        return instant.requested_time
+    return None

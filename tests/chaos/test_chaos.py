@@ -717,6 +717,43 @@ def assert_second_rollback_allowed_only_after(
         assert [v.message for v in violations if "rolled back 2 times" in v.message] == reported
 
 
+def test_a_claim_left_behind_by_a_failed_delete_of_its_plan_is_told_from_a_double_rollback(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stopped at ``claiming`` had picked the time after its last listing's newest instant; that
+    time was claimed by another meanwhile, failed, and was rolled back. The writer then claimed it again,
+    with its plan written beside the listing, which showed the rollback (a later instant): withdrawing, it
+    deletes the plan first, and that delete's answer was lost, so the claim stayed and was rolled back in
+    turn (soak seed 888246, scenario 5). The checker took only a failed delete of the claim itself for a
+    claim left behind, and reported the time rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    stopped, stale = Table.load(table.uri), table.timeline()  # the stopped writer's process, and its view
+    later = time.time() + 10 * POLICY.tolerance
+    millis = int(time.time() * 1000) + 1000
+    failed = Instant(from_millis(millis), Action.COMMIT, State.REQUESTED)
+    table.storage.write(table.instant_path(failed), b"")
+    [first] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    plan = table.instant_path(failed.transition(State.INFLIGHT))
+    delete, lost = type(table.storage).delete, []
+
+    def answer_lost(self: Storage, path: str) -> None:
+        delete(self, path)
+        if path == plan:
+            fault = {"event": "storage-fault", "kind": "delete-lost-ack", "path": path, "wall": time.time()}
+            lost.append(fault)
+            raise StorageError(f"injected: delete {path}: connection reset after the storage acted")
+
+    monkeypatch.setattr(type(table.storage), "delete", answer_lost)
+    claim, _, _ = stopped._claim(stale, Action.COMMIT, millis, inflight=lambda _: b"the plan")
+    monkeypatch.undo()
+    assert claim.requested_time > first.rollback.requested_time and lost
+    stopped.withdraw(claim, "the test is done with it")
+    assert table.timeline().get(failed.requested_time) == failed  # the claim, left behind
+    [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert second.target == failed.requested_time and not table.timeline().pending()
+    assert_second_rollback_allowed_only_after(table, seeded, [first, second], lost[0])
+
+
 def test_two_claims_of_one_time_rolled_back_once_each_are_not_a_double_rollback(table: Table) -> None:
     """Two writers of different actions claimed one time and neither could withdraw (soak seed 768589,
     scenarios 1 and 4): each leftover claim is rolled back once, which the checker took for one instant
