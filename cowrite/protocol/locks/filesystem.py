@@ -194,13 +194,14 @@ class FileSystemLock(TableLock):
         """The id of the last lock released: lock ids name the turns. One listing, or on an object store
         none where this process's own last turn began less than half :data:`FRESH_VIEW` ago (its create
         then showed that no later turn existed, and a later one is not collected that soon), unless the turn
-        after it is one that collects old lock files: that one is taken from a listing, so a waiter queued
-        for a turn is overtaken by a process that lists nothing for at most that many turns."""
+        after it collects old lock files: that one is noted from a listing, which leaves it to a waiter
+        queued for it, so a process that lists nothing overtakes such a waiter for a few turns at most."""
         own = last_turn(self.storage.uri) if self.storage.round_trips else None
-        if own is not None and (own[0] + 1) % _KEPT_ON_RELEASE:
-            if time.monotonic() - own[1] < FRESH_VIEW / 2:
-                self._notes, self._view_at, self._free_after = {}, own[1], own[0]
-                return own[0]
+        if own is not None:
+            lock_id, began = own
+            if (lock_id + 1) % _KEPT_ON_RELEASE and time.monotonic() - began < FRESH_VIEW / 2:
+                self._notes, self._view_at, self._free_after = {}, began, lock_id
+                return lock_id
         self._notes = {}
         files = self._scan()
         if files.is_held(files.highest) and not releasing(self.storage.uri, files.highest):
@@ -320,9 +321,9 @@ class FileSystemLock(TableLock):
         return None
 
     def _take(self, candidate: int) -> _Outcome:
-        """Create ``lock<candidate>.acquired``; the lock is ours if our last listing, which showed
-        ``candidate - 1`` as the last lock, was fresh when the create returned, or else if a listing after
-        shows no higher id."""
+        """Create ``lock<candidate>.acquired``; the lock is ours if our view, which showed ``candidate - 1``
+        as the last lock (a listing, or our process's create of it), was fresh when the create returned, or
+        else if a listing after shows no higher id."""
         asked = time.monotonic()
         waited = int((asked - self._waiting_since) * 1000)
         payload = replace(self.holder, waited_ms=waited).to_bytes()
