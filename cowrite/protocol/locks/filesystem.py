@@ -196,13 +196,13 @@ class FileSystemLock(TableLock):
         then showed that no later turn existed, and a later one is not collected that soon), unless the turn
         after it collects old lock files: that one is noted from a listing, which leaves it to a waiter
         queued for it, so a process that lists nothing overtakes such a waiter for a few turns at most."""
+        self._notes = {}
         own = last_turn(self.storage.uri) if self.storage.round_trips else None
         if own is not None:
             lock_id, began = own
             if (lock_id + 1) % _KEPT_ON_RELEASE and time.monotonic() - began < FRESH_VIEW / 2:
-                self._notes, self._view_at, self._free_after = {}, began, lock_id
+                self._view_at, self._free_after = began, lock_id
                 return lock_id
-        self._notes = {}
         files = self._scan()
         if files.is_held(files.highest) and not releasing(self.storage.uri, files.highest):
             self._free_after = None
