@@ -46,6 +46,8 @@ class Step(enum.StrEnum):
     # empty commit records the schema next (lock held)
     RECORDING_SCHEMA = "recording-schema"
     PUBLISHED = "published"  # the completed file exists, the lock still held (``completion``, ``lock``)
+    # the holder published a waiter's commit after its own (group commit), lock held (``completion``)
+    GROUPED = "grouped"
     ABORTING = "aborting"  # the write gives up (details: ``cause``); its rollback may follow
     RENEWED = "renewed"  # the heartbeat file was rewritten (details: ``storage``)
     GAVE_UP = "gave-up"  # the heartbeat marks the instant aborted (details: ``reason``)

@@ -47,7 +47,7 @@ from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
 from cowrite.format.timeline import Timeline
-from cowrite.protocol import sketch
+from cowrite.protocol import group, sketch
 from cowrite.protocol.conflict import (
     CHECKED,
     Candidate,
@@ -57,10 +57,10 @@ from cowrite.protocol.conflict import (
     strategy_named,
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
-from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.locks import LockHolder, RequestPublished, TableLock, lock_for
 from cowrite.protocol.revert import Revert
 from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish_schema, recorded_schema
-from cowrite.protocol.turns import Turns, completed_between
+from cowrite.protocol.turns import Turns, completed_between, noted_instant
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.together import ahead, beside
@@ -110,6 +110,7 @@ class Transaction:
         self._early_checked = 0.0
         self.turns = Turns(table, self.lock)
         self._publishing = False  # the completed file's creation has begun (under the lock)
+        self._until = 0.0  # when the commit this writer handed over lapses (:mod:`.group`)
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -331,6 +332,7 @@ class Transaction:
             keyed = self._checks_keys(metadata)
             unread = sketch.clearing(self.strategy, metadata, carried.to_json(), begun, keyed)
             waiting = partial(self._fail_while_waiting, metadata, revert)
+            self._hand_over(metadata, payload)
             known = self.turns.take(self.begin_timeline, waiting, unread)
             self._publishing = False
             try:
@@ -339,22 +341,69 @@ class Transaction:
                 completion = completed.completion_time
                 reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
             finally:
-                if not self._publishing:  # a turn that published nothing says so: later holders need not list
+                # A turn that published nothing says so: later holders need not list. Not one of a writer
+                # that handed its commit over: holders after it then leave that request alone.
+                if not self._publishing and not self.lock.requested:
                     self.lock.note_published(None)
                 self._release_lock()
+        except RequestPublished as grouped:
+            completed = self._published_by_another(grouped.noted)
         except CommitStateUnknownError:
             self.heartbeat.stop(delete=False)
             raise
         except BaseException as exc:
-            # nothing was published: whatever went wrong, the write definitely did not commit
-            self.abort(exc)
-            raise
+            settled = self._settle(exc)
+            if settled is None:  # nothing was published: the write definitely did not commit
+                self.abort(exc)
+                raise
+            completed = self._published_by_another(settled.file_name)
+        finally:
+            self.lock.request = None
         try:
             self.heartbeat.stop(delete=True)
         except CowriteError as exc:  # committed all the same; the cleaner collects a stray heartbeat
             log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
         log.info("committed %s on %s", completed, self.table)
         return completed
+
+    def _hand_over(self, metadata: CommitMetadata, payload: bytes) -> None:
+        """On an object store, hand the commit to the holders ahead of this writer in the lock's queue,
+        for a while (:mod:`.group`): a plain commit, with the lease held long enough."""
+        assert self.instant is not None and self.heartbeat is not None
+        self.lock.requested, noted = False, self.turns.noted
+        lasts = min(group.WINDOW, self.heartbeat.remaining() - self.heartbeat.policy.margin)
+        if not self.table.storage.round_trips or noted is None or lasts <= group.SLACK:
+            return
+        if self.options.txn is None and group.groupable(self.action, self.strategy):
+            plans, keys = not self._ingestion_first(metadata), self._checks_keys(metadata)
+            request = group.Request(self.instant, noted, time.time() + lasts, plans, keys, payload)
+            self.lock.request, self._until = request.to_bytes(), request.until
+
+    def _settle(self, failure: BaseException) -> Instant | None:
+        """After ``failure``, for a writer that handed its commit over: its completed instant if a holder
+        published it, once none can any more (raises :class:`CommitStateUnknownError` when that cannot be
+        told); None for any other writer."""
+        if not self.lock.requested or self.heartbeat is None:
+            return None
+        at_once = isinstance(failure, WriteConflictError)
+        try:
+            done = group.settle(self.table, self.instant_time, self._until, at_once)
+        except CowriteError as exc:
+            self.heartbeat.stop(delete=False)
+            raise CommitStateUnknownError(
+                f"{self.instant_time} on {self.table.uri} failed ({failure}) after handing its commit to "
+                f"other writers, and whether one published it cannot be told ({exc}); reload the timeline"
+            ) from failure
+        return done
+
+    def _published_by_another(self, noted: str) -> Instant:
+        """This writer's commit, which the holder of another turn published (:mod:`.group`): ``noted``
+        names its completed file."""
+        done = noted_instant(noted)
+        assert done is not None  # the lock matched it
+        self.instant = done
+        reached(Step.PUBLISHED, self.instant_time, completion=done.completion_time, lock=self.lock)
+        return done
 
     def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
         """``metadata`` carrying ``carried`` forward, with this write's own txn added."""
@@ -375,6 +424,9 @@ class Transaction:
         assert self.instant is not None and self.heartbeat is not None
         timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
+        if mine is not None and mine.is_completed and self.lock.requested:
+            self.lock.note_published(None)  # a holder before published it: later ones skip the request
+            return mine
         if mine is None or mine.is_completed:
             raise LeaseLostError(
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
@@ -412,8 +464,19 @@ class Transaction:
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
         self._publishing = True
+        # the lock's release names the commit, now that it exists; a turn that publishes a second commit
+        # (a revert, the schema) is not noted: later holders list the timeline. A noted one publishes
+        # the commits of writers queued behind it too, their requests read beside its own (:mod:`.group`).
+        alter = hidden(timeline, self.instant_time, metadata.schema, schema)
+        noted = reverted is None and not alter
+        requests: list[bytes] = []
+
+        def read_requests() -> None:
+            requests.extend(self.lock.requests())
+
         try:
-            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
+            create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
+            created = beside(self.table.storage, create, read_requests if noted else None)
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
@@ -421,13 +484,15 @@ class Transaction:
             ) from exc
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
-        # the lock's release names the commit, now that it exists; a turn that publishes a second commit
-        # (a revert, the schema) is not noted: later holders list the timeline
-        alter = hidden(timeline, self.instant_time, metadata.schema, schema)
-        if reverted is None and not alter:
-            self.lock.note_published(sketch.note(done.file_name, metadata))
         self.table.published(done, payload)
         self.instant = done
+        if noted:
+            own = (done, metadata)
+            grouped, whole = group.publish_waiting(
+                self.table, self.lock, timeline, own, requests, self.options.clock
+            )
+            if whole:
+                self.lock.note_published(sketch.note(done.file_name, metadata), grouped)
         if reverted is not None:
             reverted.publish(self.table, metadata, int(self.options.clock() * 1000))
         elif alter:

@@ -964,7 +964,7 @@ def test_a_turn_that_noted_what_it_published_ends_with_the_note(
     first.release()
     finish_background()
     assert lock_ids(storage) == ["lock1.acquired", f"lock1.published.{published}"]
-    assert not scan(storage).is_held(1) and scan(storage).published == {1: published}
+    assert not scan(storage).is_held(1) and scan(storage).published == {1: (published,)}
     waiter.acquire(timeout=5)
     assert waiter.lock_id == 2 and waiter.published_since(0) == [published]
     waiter.release()

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from enum import Enum
 from functools import partial
 
 from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
 from cowrite.protocol.heartbeat import HeartbeatPolicy
-from cowrite.protocol.locks.base import LockHolder, TableLock
+from cowrite.protocol.locks.base import LockHolder, RequestPublished, TableLock
 from cowrite.protocol.locks.lock_files import (
     FRESH_VIEW,
     LOCK_DIR,
@@ -56,7 +56,7 @@ from cowrite.protocol.locks.lock_files import (
 from cowrite.protocol.locks.releases import end_turn, hold_seconds, last_turn, releasing, settle
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
-from cowrite.storage.together import beside, in_background
+from cowrite.storage.together import beside, in_background, together
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ _LONGEST_PACE = 1.0
 # once next, asks every quarter hold at most), and at least that many seconds.
 _LEAVE_FOR_HOLDS = 2.0
 _LEAVE_AT_LEAST = 0.25
+# The most requests of queued waiters a holder reads (group commit, cowrite.protocol.group).
+_MOST_REQUESTS = 7
 # A queued waiter lists again after at most that many holds: places of waiters that died or gave up
 # count as turns ahead of it, and must not keep it from looking for long.
 _QUEUE_HORIZON = 8
@@ -115,8 +117,9 @@ class FileSystemLock(TableLock):
         self._waiting_since = time.monotonic()
         self._first_seen: int | None = None  # the highest id this waiter's first try saw
         self._held_since = 0.0  # time.monotonic() when this object asked for the lock it holds
-        self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
-        self._noted: str | None = None  # what the turn this object holds published, once it says
+        # what turns published, from every listing since the turn was noted
+        self._notes: dict[int, tuple[str, ...]] = {}
+        self._noted: tuple[str, ...] | None = None  # what the turn this object holds published, once it says
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         # Since when what this object knows of the lock directory holds (time.monotonic()): when its last
         # listing began, or when its process's create of the last turn began; None on local disk.
@@ -231,13 +234,42 @@ class FileSystemLock(TableLock):
             return None
         between = range(turn + 1, held)
         if any(lock_id not in notes for lock_id in between):
+            open("/tmp/dbg.log", "a").write(
+                f"DBG missing turn={turn} held={held} missing={[i for i in between if i not in notes]} known={sorted(notes)} last={sorted(self._last.published)}\n"
+            )
             return None
-        return [name for lock_id in between if (name := notes[lock_id]) != NOTHING]
+        return [name for lock_id in between for name in notes[lock_id] if name != NOTHING]
 
-    def note_published(self, published: str | None) -> None:
-        """Noted by the release (:mod:`.releases`): made once the completed file exists."""
+    def note_published(self, published: str | None, grouped: Sequence[str] = ()) -> None:
+        """Noted by the release (:mod:`.releases`): made once the completed files exist."""
         if self._id is not None:
-            self._noted = published or NOTHING
+            self._noted = (published or NOTHING, *grouped)
+
+    def requests(self) -> list[bytes]:
+        """Read at once from the places queued behind this holder, when its last listing showed any: a
+        listing now shows which, and the notes of the turn before this one, all of them by now."""
+        held = self._id
+        if held is None or not any(place > held for place in self._last.queued):
+            return []
+        try:
+            queued = self._scan().queued
+        except CowriteError as exc:
+            log.info("no requests read from the queue of the lock of %s: %s", self.storage.uri, exc)
+            return []
+        places = sorted(place for place in queued if place > held)[:_MOST_REQUESTS]
+        requests = together(self.storage, [partial(self._request, place) for place in places])
+        return [request for request in requests if request]
+
+    def _request(self, place: int) -> bytes | None:
+        try:
+            data = self.storage.read(queued_path(place))
+            open("/tmp/dbg.log", "a").write(f"DBG read {place} {len(data)}\n")
+            return data
+        except (FileNotFoundError, CowriteError) as e:
+            open("/tmp/dbg.log", "a").write(
+                f"DBG readfail {place} {e!r}\n"
+            )  # taken, given up, unreadable: that waiter commits itself
+            return None
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
@@ -246,6 +278,8 @@ class FileSystemLock(TableLock):
         about twice as long as a hold of the lock lasts, less the more turns this waiter has seen go by
         (down to a quarter of a hold), so that who has waited longest tends to try first."""
         hold = self._hold()
+        if self.requested:  # a holder ahead may publish this waiter's commit at the end of any turn
+            return hold / 2
         if self._place is not None and self._place > self._highest:
             # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
             # waiter, and the pauses with them.
@@ -264,6 +298,8 @@ class FileSystemLock(TableLock):
         files = self._scan()
         self._asked = time.monotonic() - asked
         current = self._highest = files.highest
+        if self.requested:
+            self._raise_if_published(files)
         if self._first_seen is None:
             self._first_seen = current
         told = self.on_published if files.published else None
@@ -284,6 +320,14 @@ class FileSystemLock(TableLock):
         return beside(
             self.storage, partial(self._take, current + 1), told and partial(told, files.published, False)
         )
+
+    def _raise_if_published(self, files: LockFiles) -> None:
+        """Raise :class:`RequestPublished` if a turn's note names this waiter's instant completed."""
+        completed = f"{self.holder.instant}_"
+        for notes in files.published.values():
+            for noted in notes:
+                if noted.startswith(completed):
+                    raise RequestPublished(noted)
 
     def _leave_to_queued(self, files: LockFiles, free: int) -> bool:
         """Whether to leave lock ``free + 1`` to another waiter that queued for it: for a while from when
@@ -313,7 +357,10 @@ class FileSystemLock(TableLock):
     def _queue_at(self, place: int) -> int | None:
         try:
             for _ in range(_IMMEDIATE_RETRIES):
-                if self.storage.create_if_absent(queued_path(place), b""):
+                # handed over from the try on: a create whose answer is lost may have been made
+                self.requested = self.requested or self.request is not None
+                open("/tmp/dbg.log", "a").write(f"DBG queue {place} {len(self.request or b'')}\n")
+                if self.storage.create_if_absent(queued_path(place), self.request or b""):
                     return place
                 place += 1  # another waiter took it meanwhile
         except CowriteError as exc:
@@ -450,7 +497,8 @@ class FileSystemLock(TableLock):
         if files.is_held(lock_id) and files.highest == lock_id:
             return
         if lock_id in files.published:
-            how = f"its holder released it, noting that its turn published {files.published[lock_id]}"
+            noted = ", ".join(files.published[lock_id])
+            how = f"its holder released it, noting that its turn published {noted}"
         elif lock_id in files.released:
             how = describe_release(self.storage, lock_id)
         elif lock_id not in files.acquired:
