@@ -112,7 +112,6 @@ def publish_waiting(
     of the commits published, in completion order, and whether this turn may be noted: False when a create
     failed midway (its commit may exist) and nothing more was published."""
     requests = [r for data in waiting if (r := Request.from_bytes(data)) is not None]
-    open("/tmp/dbg.log", "a").write(f"DBG requests {len(waiting)} {len(requests)}\n")
     published = [own]
     notes: list[str] = []
     for request in requests:
@@ -156,7 +155,6 @@ def _checked(
     if why is None:
         return metadata
     log.debug("leaving the commit of %s to its writer: %s", time_, why)
-    open("/tmp/dbg.log", "a").write(f"DBG refused {why}\n")
     return None
 
 

@@ -234,9 +234,6 @@ class FileSystemLock(TableLock):
             return None
         between = range(turn + 1, held)
         if any(lock_id not in notes for lock_id in between):
-            open("/tmp/dbg.log", "a").write(
-                f"DBG missing turn={turn} held={held} missing={[i for i in between if i not in notes]} known={sorted(notes)} last={sorted(self._last.published)}\n"
-            )
             return None
         return [name for lock_id in between for name in notes[lock_id] if name != NOTHING]
 
@@ -262,13 +259,8 @@ class FileSystemLock(TableLock):
 
     def _request(self, place: int) -> bytes | None:
         try:
-            data = self.storage.read(queued_path(place))
-            open("/tmp/dbg.log", "a").write(f"DBG read {place} {len(data)}\n")
-            return data
-        except (FileNotFoundError, CowriteError) as e:
-            open("/tmp/dbg.log", "a").write(
-                f"DBG readfail {place} {e!r}\n"
-            )  # taken, given up, unreadable: that waiter commits itself
+            return self.storage.read(queued_path(place))
+        except (FileNotFoundError, CowriteError):  # taken, given up, unreadable: that waiter commits itself
             return None
 
     def _pace(self) -> float:
@@ -359,7 +351,6 @@ class FileSystemLock(TableLock):
             for _ in range(_IMMEDIATE_RETRIES):
                 # handed over from the try on: a create whose answer is lost may have been made
                 self.requested = self.requested or self.request is not None
-                open("/tmp/dbg.log", "a").write(f"DBG queue {place} {len(self.request or b'')}\n")
                 if self.storage.create_if_absent(queued_path(place), self.request or b""):
                     return place
                 place += 1  # another waiter took it meanwhile
