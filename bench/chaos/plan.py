@@ -28,6 +28,7 @@ STEPS = (
     "written",  # every base file written, commit not started
     "locked",  # holding the lock for the commit, timeline not reloaded yet
     "published",  # the completed instant exists, lock still held
+    "grouped",  # (S3) the holder published a waiter's commit after its own, lock held
     "aborting",  # giving up (conflict, lease lost, error): before deleting its files
 )
 # After the writer's last lease and lock check, before it creates the completed instant: a process paused

@@ -106,18 +106,26 @@ def publish_waiting(
     own: tuple[Instant, CommitMetadata],
     waiting: list[bytes],
     clock: Callable[[], float],
-) -> tuple[list[str], bool]:
+    check: Callable[[], None],
+) -> None:
     """Under the lock, once the holder's own completed file ``own`` exists on ``timeline`` (the timeline
-    as it is now, but for that file): publish what the requests queued behind it allow. Returns the notes
-    of the commits published, in completion order, and whether this turn may be noted: False when a create
-    failed midway (its commit may exist) and nothing more was published."""
+    as it is now, but for that file): publish what the requests ``waiting`` queued behind it allow, and
+    note the turn (:meth:`~.locks.base.TableLock.note_published`) unless a create failed midway (its
+    commit may exist): later holders then list the timeline. ``check`` raises
+    :class:`~cowrite.errors.LeaseLostError` unless the holder's lease is held with the safety margin to
+    spare: asked right before each create, as before the holder's own, it stops a holder paused
+    meanwhile from publishing after its lock may have expired."""
     requests = [r for data in waiting if (r := Request.from_bytes(data)) is not None]
     published = [own]
-    notes: list[str] = []
     for request in requests:
         metadata = _checked(table, lock, timeline, request, published)
         if metadata is None:
             continue
+        try:
+            check()
+        except CowriteError as exc:
+            log.warning("publishing no more commits of waiters on %s: %s", table, exc)
+            break
         time_ = request.instant.requested_time
         completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
         done = request.instant.transition(State.COMPLETED, completion)
@@ -127,15 +135,15 @@ def publish_waiting(
             created = table.storage.create_if_absent(table.instant_path(done), request.payload)
         except StorageError as exc:
             log.warning("publishing %s for its writer failed midway: %s", done, exc)
-            return notes, False
+            return
         if not created:
-            return notes, False
+            return
         table.published(done, request.payload)
         published.append((done, metadata))
-        notes.append(sketch.note(done.file_name, metadata))
-        reached(Step.GROUPED, time_, completion=completion)
+        reached(Step.GROUPED, time_, completion=completion, lock=lock)
         log.info("published %s on %s for its writer", done, table)
-    return notes, True
+    notes = [sketch.note(done.file_name, metadata) for done, metadata in published]
+    lock.note_published(notes[0], notes[1:])
 
 
 def _checked(

@@ -111,6 +111,7 @@ class Transaction:
         self.turns = Turns(table, self.lock)
         self._publishing = False  # the completed file's creation has begun (under the lock)
         self._until = 0.0  # when the commit this writer handed over lapses (:mod:`.group`)
+        self._then: Callable[[], None] | None = None  # what the turn does once its commit is reported
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -334,12 +335,16 @@ class Transaction:
             waiting = partial(self._fail_while_waiting, metadata, revert)
             self._hand_over(metadata, payload)
             known = self.turns.take(self.begin_timeline, waiting, unread)
-            self._publishing = False
+            self._publishing, self._then = False, None
             try:
                 reached(Step.LOCKED, self.instant_time)
                 completed = self._publish(metadata, payload, revert, (carried, begun, rebase), known)
-                completion = completed.completion_time
-                reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
+                completion, grouped = completed.completion_time, not self._publishing
+                reached(
+                    Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock, grouped=grouped
+                )
+                if self._then is not None:
+                    self._then()
             finally:
                 # A turn that published nothing says so: later holders need not list. Not one of a writer
                 # that handed its commit over: holders after it then leave that request alone.
@@ -402,7 +407,9 @@ class Transaction:
         done = noted_instant(noted)
         assert done is not None  # the lock matched it
         self.instant = done
-        reached(Step.PUBLISHED, self.instant_time, completion=done.completion_time, lock=self.lock)
+        reached(
+            Step.PUBLISHED, self.instant_time, completion=done.completion_time, lock=self.lock, grouped=True
+        )
         return done
 
     def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
@@ -486,13 +493,11 @@ class Transaction:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
         self.table.published(done, payload)
         self.instant = done
-        if noted:
-            own = (done, metadata)
-            grouped, whole = group.publish_waiting(
-                self.table, self.lock, timeline, own, requests, self.options.clock
+        if noted:  # once this commit is reported: the commits of waiters follow it
+            own, clock, check = (done, metadata), self.options.clock, self.heartbeat.check
+            self._then = partial(
+                group.publish_waiting, self.table, self.lock, timeline, own, requests, clock, check
             )
-            if whole:
-                self.lock.note_published(sketch.note(done.file_name, metadata), grouped)
         if reverted is not None:
             reverted.publish(self.table, metadata, int(self.options.clock() * 1000))
         elif alter:

@@ -243,10 +243,14 @@ class FileSystemLock(TableLock):
             self._noted = (published or NOTHING, *grouped)
 
     def requests(self) -> list[bytes]:
-        """Read at once from the places queued behind this holder, when its last listing showed any: a
-        listing now shows which, and the notes of the turn before this one, all of them by now."""
-        held = self._id
-        if held is None or not any(place > held for place in self._last.queued):
+        """Read at once from the places queued behind this holder, when its last view of the lock
+        directory showed any or is no longer fresh: a listing now shows which, and the notes of the turn
+        before this one, all of them by now."""
+        held, seen = self._id, self._view_at
+        if held is None or seen is None:  # (local disk: no queue)
+            return []
+        fresh = time.monotonic() - seen < FRESH_VIEW
+        if fresh and not any(place > held for place in self._last.queued):
             return []
         try:
             queued = self._scan().queued

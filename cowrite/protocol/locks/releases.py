@@ -73,10 +73,13 @@ def end_turn(
     what the storage raises; on an object store in the background, where a failure is only logged (the
     lock then expires)."""
     _LAST_TURN[storage.uri] = (lock_id, held_since)
-    for grouped in (noted or ())[1:]:  # beside the release: a listing that misses one only lists the timeline
-        note = partial(storage.create_if_absent, grouped_path(lock_id, grouped), b"")
-        in_background(storage, note, f"noting a commit published in turn {lock_id}")
-    give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now)
+    # The notes of the waiters' commits first, at once, then the release: a listing that shows the release
+    # shows them all, and their waiters learn from it that their commits are in.
+    grouped = [
+        in_background(storage, partial(storage.create_if_absent, grouped_path(lock_id, name), b""), "noting")
+        for name in (noted or ())[1:]
+    ]
+    give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now, grouped)
     releasing = in_background(storage, give_back, f"releasing table lock {lock_id}")
     if releasing is not None:
         _RELEASING[storage.uri] = (lock_id, releasing)
@@ -89,7 +92,10 @@ def _give_back(
     held_since: float,
     noted: tuple[str, ...] | None,
     now: Callable[[], float],
+    grouped: list[Future[bool] | None],
 ) -> None:
+    if not all(note is None or note.result() for note in grouped):
+        noted = None  # a waiter's note is missing: the turn ends unnoted, and its waiter lists the timeline
     if noted is not None:
         storage.create_if_absent(note_path(lock_id, noted[0], len(noted) - 1), b"")
     elif not write_release(storage, lock_id, owner, ReleaseReason.RELEASED, now()):
