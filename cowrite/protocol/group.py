@@ -9,24 +9,28 @@ completed file exists, reads the requests queued behind it and publishes each th
 waiter would make under the lock itself, in the order of the queue, each with a completion time above the
 one before and created after it (one round trip each: completed files appear in completion order, as
 incremental readers need). Its release notes them all (:mod:`.locks.lock_files`). A waiter that sees its
-commit noted stops waiting (:class:`~.turns.PublishedByAnother`); one that takes the lock first publishes
+commit noted stops waiting (:class:`~.locks.base.RequestPublished`); one that takes the lock first publishes
 its commit itself, unless a turn before it published it.
 
 A holder publishes a request only when the notes of the turns since the waiter's begin tell it all the
-waiter's own check would look at:
+waiter's own check under the lock would look at:
 
-- the waiter commits plainly (:func:`groupable`): a data commit checked by file groups, with no
-  application version, no record-key check and no clustering to revert;
-- every turn since the waiter's begin left its notes, none names the waiter's instant, and no commit they
-  name, nor one published before it in this turn, touched a file group of the waiter's (a note's sketch
-  rules most out unread, :mod:`.sketch`), nor does a pending clustering plan where those count;
+- the waiter's commit is a data commit checked by file groups and carries no application version
+  (:func:`groupable`);
+- every turn since the waiter's begin left its notes and none names the waiter's instant; no commit they
+  name, nor one published before it in this turn, touched a file group of the waiter's or inserted a
+  record key it inserts (where it checks keys), nor does a pending clustering plan where those count. A
+  note's sketch rules most out unread (:mod:`.sketch`); a conflict with a clustering that the waiter might
+  revert is left to the waiter;
 - the waiter carries the map of applications' versions and the schema that the holder's own commit
   carries: the newest;
 - the request has not lapsed. A waiter hands its commit over for :data:`WINDOW` seconds at most, and
   only while its lease lasts with the safety margin to spare, so no commit is published after its
   writer's lease expired; a holder leaves alone a request with less than :data:`SLACK` left, which
   covers the skew of two clocks and the create's round trip. A waiter that fails meanwhile waits until its
-  request lapsed, and looks whether it committed, before it aborts (:func:`settle_request`).
+  request lapsed, and looks whether it committed, before it aborts (:func:`settle`); a conflict it finds
+  while it waits is one every holder finds, and needs no wait. A waiter that takes the lock and fails
+  under it ends its turn unnoted, so that no later holder publishes its request.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from cowrite.format.instant import Action, Instant, InvalidInstantError, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol import sketch
-from cowrite.protocol.conflict import Candidate, file_group_overlap, record_key_overlap
+from cowrite.protocol.checks import key_overlap, pending_plans
+from cowrite.protocol.conflict import Candidate, file_group_overlap
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.turns import noted_instant
 from cowrite.protocol.txn import TXNS_KEY
@@ -199,17 +204,12 @@ def _refusal(
         return "its record keys are known only from its files"
     unread = [i for i, noted in rivals if i.action.writes_data and not (noted and clears(noted))]
     candidates = [Candidate(i, m) for i, m in zip(unread, table.commit_metadata_of(unread), strict=True)]
-    completed = list(candidates)
+    if request.keys and key_overlap(table, time_, metadata, candidates):
+        return "it inserts a record key another commit inserted"
     if request.plans:
-        candidates += [
-            Candidate(i, plan)
-            for i in timeline.pending()
-            if i.requested_time != time_ and (plan := table.service_plan(i)) is not None
-        ]
+        candidates += pending_plans(table, timeline, time_)
     if file_group_overlap(metadata, candidates):
         return "it touches a file group another commit touched"
-    if request.keys and record_key_overlap(table, time_, metadata, completed):
-        return "it inserts a record key another commit inserted"
     return None
 
 

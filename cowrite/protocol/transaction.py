@@ -45,15 +45,12 @@ from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.config import Config
 from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
-from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
+from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol import group, sketch
+from cowrite.protocol.checks import WriteChecks
 from cowrite.protocol.conflict import (
-    CHECKED,
-    Candidate,
-    Conflict,
     ConflictStrategy,
-    record_key_overlap,
     strategy_named,
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
@@ -88,8 +85,10 @@ class WriteOptions:
 RevertClustering = Callable[["Transaction", list[Instant], Timeline], Revert | None]
 
 
-class Transaction:
+class Transaction(WriteChecks):
     """A writer's instant from begin to commit or abort. Use :meth:`begin` to create one."""
+
+    options: WriteOptions
 
     def __init__(self, table: Table, action: Action, operation: str, options: WriteOptions) -> None:
         self.table = table
@@ -112,6 +111,7 @@ class Transaction:
         self._publishing = False  # the completed file's creation has begun (under the lock)
         self._until = 0.0  # when the commit this writer handed over lapses (:mod:`.group`)
         self._then: Callable[[], None] | None = None  # what the turn does once its commit is reported
+        self._held = False  # this commit took the lock (a request it handed over is then told at once)
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -257,44 +257,6 @@ class Transaction:
                 self._early_checked = now
                 self._check_early(self.planned)
 
-    def _check_early(self, planned: CommitMetadata) -> None:
-        """Abort while writing if a commit that completed since begin, or a live writer with an earlier
-        instant (which wins by this rule), plans to touch one of our file groups."""
-        timeline = self.table.timeline()
-        rivals = completed_between(self.table, self.begin_timeline, timeline) + [
-            Candidate(i, plan)
-            for i in timeline.pending()
-            if i.action.writes_data
-            and i.requested_time < self.instant_time
-            and (plan := self.table.pending_plan(i)) is not None
-        ]
-        self._raise_first(self.strategy(planned, rivals))
-
-    def _fail_while_waiting(
-        self, metadata: CommitMetadata, revert: RevertClustering | None, published: list[Candidate]
-    ) -> None:
-        """While this writer waits for the lock, fail on a conflict with a commit the lock's turns
-        published since begin, where the check under the lock would fail as well: on any, unless the
-        write may revert clusterings it lost to (then on one with any other winner). A write that carries
-        an application version is left to the lock: a version already committed is refused there first."""
-        if self.options.txn is not None:
-            return
-        conflicts = self.strategy(metadata, published)
-        if revert is not None and self._ingestion_first(metadata):
-            conflicts = [c for c in conflicts if not self.table.is_clustering(c.winner)]
-        self._raise_first(conflicts)
-
-    def _ingestion_first(self, metadata: CommitMetadata) -> bool:
-        """Whether this write wins over clusterings it conflicts with (the table lets ingestion win)."""
-        allow = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
-        return allow and metadata.operation not in TABLE_SERVICE_OPERATIONS
-
-    def _raise_first(self, conflicts: list[Conflict]) -> None:
-        for conflict in conflicts:
-            raise WriteConflictError(
-                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
-            )
-
     # -- commit ----------------------------------------------------------------------------------
     def beside_the_lock(self, last: Callable[[], WriteStat]) -> WriteStat:
         """``last()`` — the write's last file, from an engine that writes its files itself — made beside
@@ -334,8 +296,9 @@ class Transaction:
             unread = sketch.clearing(self.strategy, metadata, carried.to_json(), begun, keyed)
             waiting = partial(self._fail_while_waiting, metadata, revert)
             self._hand_over(metadata, payload)
+            self._publishing, self._then, self._held = False, None, False
             known = self.turns.take(self.begin_timeline, waiting, unread)
-            self._publishing, self._then = False, None
+            self._held = True
             try:
                 reached(Step.LOCKED, self.instant_time)
                 completed = self._publish(metadata, payload, revert, (carried, begun, rebase), known)
@@ -390,7 +353,9 @@ class Transaction:
         told); None for any other writer."""
         if not self.lock.requested or self.heartbeat is None:
             return None
-        at_once = isinstance(failure, WriteConflictError)
+        # Nobody publishes it after this writer's own turn, which then ended unnoted; nor after a conflict
+        # it found while waiting, which every holder finds as well.
+        at_once = self._held or isinstance(failure, WriteConflictError)
         try:
             done = group.settle(self.table, self.instant_time, self._until, at_once)
         except CowriteError as exc:
@@ -505,47 +470,6 @@ class Transaction:
             now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
             publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done
-
-    def _check_conflicts(
-        self,
-        metadata: CommitMetadata,
-        timeline: Timeline,
-        revert: RevertClustering | None,
-        completed_since_begin: list[Candidate],
-    ) -> Revert | None:
-        """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
-        ingestion_first = self._ingestion_first(metadata)
-        candidates = list(completed_since_begin)
-        if not ingestion_first:  # pending clustering plans count as touched
-            candidates += [
-                Candidate(instant, plan)
-                for instant in timeline.pending()
-                if instant.requested_time != self.instant_time
-                and (plan := self.table.service_plan(instant)) is not None
-            ]
-        conflicts = self.strategy(metadata, candidates)
-        undo = None
-        if conflicts and revert is not None and ingestion_first:
-            winners = [c.winner for c in conflicts]
-            if all(w.is_completed and self.table.is_clustering(w) for w in winners):
-                undo = revert(self, winners, timeline)
-        if undo is None:
-            self._raise_first(conflicts)
-        if self._checks_keys(metadata):
-            completed = [c for c in candidates if c.instant.is_completed]
-            for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
-                raise WriteConflictError(
-                    self.table.name,
-                    self.instant_time,
-                    conflict.winner.requested_time,
-                    conflict.describe(),
-                    what="records with the same keys",
-                )
-        return undo
-
-    def _checks_keys(self, metadata: CommitMetadata) -> bool:
-        """Whether this write must not insert a record key a rival inserted (see :mod:`.conflict`)."""
-        return self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""

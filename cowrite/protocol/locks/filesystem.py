@@ -48,6 +48,7 @@ from cowrite.protocol.locks.lock_files import (
     holder_or_unknown,
     is_release,
     queued_path,
+    read_place,
     released_path,
     scan,
     staleness,
@@ -258,14 +259,8 @@ class FileSystemLock(TableLock):
             log.info("no requests read from the queue of the lock of %s: %s", self.storage.uri, exc)
             return []
         places = sorted(place for place in queued if place > held)[:_MOST_REQUESTS]
-        requests = together(self.storage, [partial(self._request, place) for place in places])
+        requests = together(self.storage, [partial(read_place, self.storage, place) for place in places])
         return [request for request in requests if request]
-
-    def _request(self, place: int) -> bytes | None:
-        try:
-            return self.storage.read(queued_path(place))
-        except (FileNotFoundError, CowriteError):  # taken, given up, unreadable: that waiter commits itself
-            return None
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
@@ -275,7 +270,7 @@ class FileSystemLock(TableLock):
         (down to a quarter of a hold), so that who has waited longest tends to try first."""
         hold = self._hold()
         if self.requested:  # a holder ahead may publish this waiter's commit at the end of any turn
-            return hold / 2
+            return hold
         if self._place is not None and self._place > self._highest:
             # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
             # waiter, and the pauses with them.
@@ -294,8 +289,8 @@ class FileSystemLock(TableLock):
         files = self._scan()
         self._asked = time.monotonic() - asked
         current = self._highest = files.highest
-        if self.requested:
-            self._raise_if_published(files)
+        if self.requested and (noted := files.noting(self.holder.instant)) is not None:
+            raise RequestPublished(noted)
         if self._first_seen is None:
             self._first_seen = current
         told = self.on_published if files.published else None
@@ -316,14 +311,6 @@ class FileSystemLock(TableLock):
         return beside(
             self.storage, partial(self._take, current + 1), told and partial(told, files.published, False)
         )
-
-    def _raise_if_published(self, files: LockFiles) -> None:
-        """Raise :class:`RequestPublished` if a turn's note names this waiter's instant completed."""
-        completed = f"{self.holder.instant}_"
-        for notes in files.published.values():
-            for noted in notes:
-                if noted.startswith(completed):
-                    raise RequestPublished(noted)
 
     def _leave_to_queued(self, files: LockFiles, free: int) -> bool:
         """Whether to leave lock ``free + 1`` to another waiter that queued for it: for a while from when

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from cowrite.errors import CorruptTimelineError
+from cowrite.errors import CorruptTimelineError, CowriteError
 from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
@@ -137,6 +137,11 @@ class LockFiles:
 
     def is_held(self, lock_id: int) -> bool:
         return lock_id in self.acquired and lock_id not in self.released
+
+    def noting(self, instant: str | None) -> str | None:
+        """The note that names ``instant``'s completed file, if one shows."""
+        completed = f"{instant}_"
+        return next((n for notes in self.published.values() for n in notes if n.startswith(completed)), None)
 
 
 def scan(storage: Storage) -> LockFiles:
@@ -224,6 +229,15 @@ def parse_lock_file(name: str) -> tuple[int, bool] | None:
 def is_release(name: str) -> bool:
     """Whether ``name`` (in the lock directory) ends a turn."""
     return (parsed := parse_lock_file(name)) is not None and parsed[1]
+
+
+def read_place(storage: Storage, place: int) -> bytes | None:
+    """What ``lock<place>.queued`` holds; None when it is gone or cannot be read (its waiter commits its
+    commit itself)."""
+    try:
+        return storage.read(queued_path(place))
+    except (FileNotFoundError, CowriteError):
+        return None
 
 
 def created_at(storage: Storage, lock_id: int) -> float:
