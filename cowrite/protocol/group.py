@@ -109,7 +109,7 @@ def publish_waiting(
     lock: TableLock,
     timeline: Timeline,
     own: tuple[Instant, CommitMetadata],
-    waiting: list[bytes],
+    waiting: list[tuple[int, bytes]],
     clock: Callable[[], float],
     check: Callable[[], None],
 ) -> None:
@@ -120,9 +120,9 @@ def publish_waiting(
     :class:`~cowrite.errors.LeaseLostError` unless the holder's lease is held with the safety margin to
     spare: asked right before each create, as before the holder's own, it stops a holder paused
     meanwhile from publishing after its lock may have expired."""
-    requests = [r for data in waiting if (r := Request.from_bytes(data)) is not None]
-    published = [own]
-    for request in requests:
+    requests = [(place, r) for place, data in waiting if (r := Request.from_bytes(data)) is not None]
+    published, served = [own], []
+    for place, request in requests:
         metadata = _checked(table, lock, timeline, request, published)
         if metadata is None:
             continue
@@ -145,10 +145,11 @@ def publish_waiting(
             return
         table.published(done, request.payload)
         published.append((done, metadata))
+        served.append(place)
         reached(Step.GROUPED, time_, completion=completion, lock=lock)
         log.info("published %s on %s for its writer", done, table)
     notes = [sketch.note(done.file_name, metadata) for done, metadata in published]
-    lock.note_published(notes[0], notes[1:])
+    lock.note_published(notes[0], notes[1:], served)
 
 
 def _checked(

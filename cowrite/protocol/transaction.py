@@ -109,7 +109,7 @@ class Transaction(WriteChecks):
         self._early_checked = 0.0
         self.turns = Turns(table, self.lock)
         self._publishing = False  # the completed file's creation has begun (under the lock)
-        self._until = 0.0  # when the commit this writer handed over lapses (:mod:`.group`)
+        self._handed: group.Request | None = None  # the commit this writer handed over (:mod:`.group`)
         self._then: Callable[[], None] | None = None  # what the turn does once its commit is reported
         self._held = False  # this commit took the lock (a request it handed over is then told at once)
 
@@ -338,26 +338,26 @@ class Transaction(WriteChecks):
         """On an object store, hand the commit to the holders ahead of this writer in the lock's queue,
         for a while (:mod:`.group`): a plain commit, with the lease held long enough."""
         assert self.instant is not None and self.heartbeat is not None
-        self.lock.requested, noted = False, self.turns.noted
+        self.lock.requested, self._handed, noted = False, None, self.turns.noted
         lasts = min(group.WINDOW, self.heartbeat.remaining() - self.heartbeat.policy.margin)
         if not self.table.storage.round_trips or noted is None or lasts <= group.SLACK:
             return
         if self.options.txn is None and group.groupable(self.action, self.strategy):
             plans, keys = not self._ingestion_first(metadata), self._checks_keys(metadata)
             request = group.Request(self.instant, noted, time.time() + lasts, plans, keys, payload)
-            self.lock.request, self._until = request.to_bytes(), request.until
+            self.lock.request, self._handed = request.to_bytes(), request
 
     def _settle(self, failure: BaseException) -> Instant | None:
         """After ``failure``, for a writer that handed its commit over: its completed instant if a holder
         published it, once none can any more (raises :class:`CommitStateUnknownError` when that cannot be
         told); None for any other writer."""
-        if not self.lock.requested or self.heartbeat is None:
+        if not self.lock.requested or self.heartbeat is None or self._handed is None:
             return None
         # Nobody publishes it after this writer's own turn, which then ended unnoted; nor after a conflict
         # it found while waiting, which every holder finds as well.
         at_once = self._held or isinstance(failure, WriteConflictError)
         try:
-            done = group.settle(self.table, self.instant_time, self._until, at_once)
+            done = group.settle(self.table, self.instant_time, self._handed.until, at_once)
         except CowriteError as exc:
             self.heartbeat.stop(delete=False)
             raise CommitStateUnknownError(
@@ -370,7 +370,8 @@ class Transaction(WriteChecks):
         """This writer's commit, which the holder of another turn published (:mod:`.group`): ``noted``
         names its completed file."""
         done = noted_instant(noted)
-        assert done is not None  # the lock matched it
+        assert done is not None and self._handed is not None  # the lock matched it
+        self.table.published(done, self._handed.payload)  # the process's next write need not read it
         self.instant = done
         reached(
             Step.PUBLISHED, self.instant_time, completion=done.completion_time, lock=self.lock, grouped=True
@@ -396,8 +397,9 @@ class Transaction(WriteChecks):
         assert self.instant is not None and self.heartbeat is not None
         timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
-        if mine is not None and mine.is_completed and self.lock.requested:
+        if mine is not None and mine.is_completed and self.lock.requested and self._handed is not None:
             self.lock.note_published(None)  # a holder before published it: later ones skip the request
+            self.table.published(mine, self._handed.payload)
             return mine
         if mine is None or mine.is_completed:
             raise LeaseLostError(
@@ -441,7 +443,7 @@ class Transaction(WriteChecks):
         # the commits of writers queued behind it too, their requests read beside its own (:mod:`.group`).
         alter = hidden(timeline, self.instant_time, metadata.schema, schema)
         noted = reverted is None and not alter
-        requests: list[bytes] = []
+        requests: list[tuple[int, bytes]] = []
 
         def read_requests() -> None:
             requests.extend(self.lock.requests())

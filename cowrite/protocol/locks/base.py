@@ -122,16 +122,19 @@ class TableLock(ABC):
         """
         return None
 
-    def note_published(self, published: str | None, grouped: Sequence[str] = ()) -> None:
+    def note_published(
+        self, published: str | None, grouped: Sequence[str] = (), served: Sequence[int] = ()
+    ) -> None:
         """Note, for later holders, that this turn published the completed file ``published`` (None:
-        nothing), then those of waiters ``grouped`` (in completion order), and changed nothing else: call
-        once those files exist, before :meth:`release`, at most once a turn. The release tells them; a
-        turn released without a note makes them list the timeline."""
+        nothing), then those of waiters ``grouped`` (in completion order; ``served``: their places, from
+        :meth:`requests`), and changed nothing else: call once those files exist, before :meth:`release`,
+        at most once a turn. The release tells them; a turn released without a note makes them list the
+        timeline."""
         return None  # a provider without turns has nobody to tell
 
-    def requests(self) -> list[bytes]:
-        """The :attr:`request` of every waiter queued behind the holder, in the order of the queue, as
-        far as this object last saw it; empty where the provider does not queue waiters."""
+    def requests(self) -> list[tuple[int, bytes]]:
+        """The :attr:`request` of every waiter queued behind the holder, with its place, in the order of
+        the queue; empty where the provider does not queue waiters."""
         return []
 
     def _policy(self, timeout: float | None) -> RetryPolicy:

@@ -121,6 +121,7 @@ class FileSystemLock(TableLock):
         # what turns published, from every listing since the turn was noted
         self._notes: dict[int, tuple[str, ...]] = {}
         self._noted: tuple[str, ...] | None = None  # what the turn this object holds published, once it says
+        self._served: list[int] = []  # the places of the waiters whose commits it published
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         # Since when what this object knows of the lock directory holds (time.monotonic()): when its last
         # listing began, or when its process's create of the last turn began; None on local disk.
@@ -153,6 +154,8 @@ class FileSystemLock(TableLock):
             policy = replace(policy, floor=self._pace)
         try:
             self._wait_and_take(policy)
+        except RequestPublished:
+            raise  # the holder that published it deletes its place
         except BaseException:
             self._leave_queue()  # a place nobody will take would hold up the turn after it
             raise
@@ -238,12 +241,15 @@ class FileSystemLock(TableLock):
             return None
         return [name for lock_id in between for name in notes[lock_id] if name != NOTHING]
 
-    def note_published(self, published: str | None, grouped: Sequence[str] = ()) -> None:
-        """Noted by the release (:mod:`.releases`): made once the completed files exist."""
+    def note_published(
+        self, published: str | None, grouped: Sequence[str] = (), served: Sequence[int] = ()
+    ) -> None:
+        """Noted by the release (:mod:`.releases`): made once the completed files exist. The places of the
+        waiters served go after it, in one request."""
         if self._id is not None:
-            self._noted = (published or NOTHING, *grouped)
+            self._noted, self._served = (published or NOTHING, *grouped), list(served)
 
-    def requests(self) -> list[bytes]:
+    def requests(self) -> list[tuple[int, bytes]]:
         """Read at once from the places queued behind this holder, when its last view of the lock
         directory showed any or is no longer fresh: a listing now shows which, and the notes of the turn
         before this one, all of them by now."""
@@ -260,7 +266,7 @@ class FileSystemLock(TableLock):
             return []
         places = sorted(place for place in queued if place > held)[:_MOST_REQUESTS]
         requests = together(self.storage, [partial(read_place, self.storage, place) for place in places])
-        return [request for request in requests if request]
+        return [(place, request) for place, request in zip(places, requests, strict=True) if request]
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
@@ -386,7 +392,7 @@ class FileSystemLock(TableLock):
         return self._taken(candidate, asked)
 
     def _taken(self, lock_id: int, asked: float) -> _Outcome:
-        self._id, self._held_since, self._noted = lock_id, asked, None
+        self._id, self._held_since, self._noted, self._served = lock_id, asked, None, []
         if self._place is not None and self._place > lock_id:
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
@@ -459,6 +465,10 @@ class FileSystemLock(TableLock):
             return
         end_turn(self.storage, lock_id, self.holder.owner, self._held_since, self._noted, self.now)
         self._id = None
+        if self._served:  # after the release: the waiters see their notes first
+            served = [queued_path(place) for place in self._served]
+            in_background(self.storage, partial(self.storage.delete_all, served), "deleting served places")
+            self._served = []
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
         # go, so the stale-view check above (our id must be the highest) still holds. Every
         # _KEPT_ON_RELEASE turns, what our last listing showed of older turns goes at once (one request a
