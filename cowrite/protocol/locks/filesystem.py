@@ -48,7 +48,7 @@ from cowrite.protocol.locks.lock_files import (
     holder_or_unknown,
     is_release,
     queued_path,
-    read_place,
+    read_places,
     released_path,
     scan,
     staleness,
@@ -57,7 +57,7 @@ from cowrite.protocol.locks.lock_files import (
 from cowrite.protocol.locks.releases import end_turn, hold_seconds, last_turn, releasing, settle
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
-from cowrite.storage.together import beside, in_background, together
+from cowrite.storage.together import beside, in_background
 
 log = logging.getLogger(__name__)
 
@@ -250,23 +250,19 @@ class FileSystemLock(TableLock):
             self._noted, self._served = (published or NOTHING, *grouped), list(served)
 
     def requests(self) -> list[tuple[int, bytes]]:
-        """Read at once from the places queued behind this holder, when its last view of the lock
-        directory showed any or is no longer fresh: a listing now shows which, and the notes of the turn
-        before this one, all of them by now."""
+        """Read at once from the places behind this holder, where its last view showed any or is stale:
+        a listing now shows which, and every note of the turn before this one."""
         held, seen = self._id, self._view_at
         if held is None or seen is None:  # (local disk: no queue)
             return []
-        fresh = time.monotonic() - seen < FRESH_VIEW
-        if fresh and not any(place > held for place in self._last.queued):
+        if time.monotonic() - seen < FRESH_VIEW and not any(place > held for place in self._last.queued):
             return []
         try:
             queued = self._scan().queued
         except CowriteError as exc:
             log.info("no requests read from the queue of the lock of %s: %s", self.storage.uri, exc)
             return []
-        places = sorted(place for place in queued if place > held)[:_MOST_REQUESTS]
-        requests = together(self.storage, [partial(read_place, self.storage, place) for place in places])
-        return [(place, request) for place, request in zip(places, requests, strict=True) if request]
+        return read_places(self.storage, sorted(place for place in queued if place > held)[:_MOST_REQUESTS])
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the

@@ -53,12 +53,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 
 from cowrite.errors import CorruptTimelineError, CowriteError
 from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.storage.backend import FileInfo, Storage
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +233,18 @@ def is_release(name: str) -> bool:
     return (parsed := parse_lock_file(name)) is not None and parsed[1]
 
 
-def read_place(storage: Storage, place: int) -> bytes | None:
-    """What ``lock<place>.queued`` holds; None when it is gone or cannot be read (its waiter commits its
-    commit itself)."""
-    try:
-        return storage.read(queued_path(place))
-    except (FileNotFoundError, CowriteError):
-        return None
+def read_places(storage: Storage, places: list[int]) -> list[tuple[int, bytes]]:
+    """What each of the ``lock<place>.queued`` files holds, read at once: those gone, empty or unreadable
+    left out (their waiters commit themselves)."""
+
+    def read(place: int) -> bytes | None:
+        try:
+            return storage.read(queued_path(place))
+        except (FileNotFoundError, CowriteError):
+            return None
+
+    held = together(storage, [partial(read, place) for place in places])
+    return [(place, request) for place, request in zip(places, held, strict=True) if request]
 
 
 def created_at(storage: Storage, lock_id: int) -> float:
