@@ -994,3 +994,55 @@ def wait_for_any_pause(started: list[Writer]) -> Writer:
 
     wait_until(paused, "a holder to publish a waiter's commit")
     return found[0]
+
+
+def test_a_waiter_that_gives_up_after_handing_its_commit_over_reports_it_published(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """A waiter whose wait for the lock times out may have had its commit published meanwhile by the
+    holder ahead of it: it waits until its request lapses, then looks, and reports the commit."""
+    target = s3_target(s3_server)
+    target.create()
+    lock = FileSystemLock(target.storage, LockHolder(owner="test"), HeartbeatPolicy())
+    lock.acquire()
+    log = tmp_path / "commits.log"
+    # Whichever takes the lock publishes the other's commit and stops there, its release not made: the
+    # other times out waiting (3 s), waits for its request to lapse, and finds its commit in the timeline.
+    plans = {name: [batch(name, [f"{name}-0"], name)] for name in ("a", "b")}
+    options = {keys.LOCK_WAIT_MS.key: "3000"}
+    started = {
+        n: writers.start(
+            target,
+            plan,
+            name=n,
+            operation="insert",
+            pause_at="grouped",
+            release_by_file=True,
+            options=options,
+            commit_log=log,
+        )
+        for n, plan in plans.items()
+    }
+    wait_until(lambda: requests_queued(target, 2), "both writers to hand their commits over")
+    lock.note_published(None)
+    lock.release()
+    holder = wait_for_any_pause(list(started.values()))
+    waiter = next(w for w in started.values() if w is not holder)
+    waited = waiter.finish(EXIT_OK, timeout=WAIT)["commits"][0]
+    holder.release()
+    held = holder.finish(EXIT_OK)["commits"][0]
+
+    # (the holder made no release meanwhile: the waiter learnt of its commit from the timeline, once its
+    # wait had timed out)
+    assert waited["seconds"] >= 3.0
+    entries = read_log(log)
+    assert [(e["instant"], e["completion"]) for e in entries] == [
+        (held["instant"], held["completion"]),
+        (waited["instant"], waited["completion"]),
+    ]
+    assert_commit_order(target, entries, before=[])
+    expected: Rows = {}
+    for name, plan in plans.items():
+        expected |= expected_rows(plan, (held if started[name] is holder else waited)["instant"])
+    assert_rows(target, expected)
+    assert_lock_free(target)
