@@ -41,14 +41,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cowrite.errors import CowriteError, StorageError
+from cowrite.errors import CowriteError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, InvalidInstantError, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol import sketch
 from cowrite.protocol.checks import key_overlap, pending_plans
-from cowrite.protocol.conflict import Candidate, file_group_overlap
+from cowrite.protocol.conflict import Candidate, ConflictStrategy, file_group_overlap
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.turns import noted_instant
 from cowrite.protocol.txn import TXNS_KEY
@@ -98,9 +98,10 @@ class Request:
         return cls(instant, noted, until, plans, keys, payload)
 
 
-def groupable(action: Action, conflict_strategy: object) -> bool:
+def groupable(action: Action, conflict_strategy: ConflictStrategy) -> bool:
     """Whether a commit of ``action`` checked by ``conflict_strategy`` may be handed over, when it carries
-    no application version and reverts no clustering."""
+    no application version: a data commit checked by file groups, which a holder checks as its writer
+    would."""
     return action is Action.COMMIT and conflict_strategy is file_group_overlap
 
 
@@ -138,7 +139,9 @@ def publish_waiting(
             continue
         try:
             created = table.storage.create_if_absent(table.instant_path(done), request.payload)
-        except StorageError as exc:
+        except (
+            CowriteError
+        ) as exc:  # it may exist: the turn ends unnoted, and later holders list the timeline
             log.warning("publishing %s for its writer failed midway: %s", done, exc)
             return
         if not created:
