@@ -75,6 +75,7 @@ class Stats:
     lease_lost_running: int = 0
     commits_without_daemon: int = 0
     schema_commits: int = 0  # empty commits that recorded the schema after a writer's commit
+    grouped: int = 0  # commits a holder published after its own, for writers queued behind it
     writer_seconds: float = 0.0  # time each writer process ran after the release, summed
     # per instant of a writer neither stopped nor starved: its longest wait between two renewals of the
     # heartbeat (from the claim), as a fraction of the lease's tolerance
@@ -522,6 +523,8 @@ class Checker:
                     f"{item.instant.file_name if item else 'nothing'}",
                 )
         for earlier, later in zip(log, log[1:], strict=False):
+            if later["lock_id"] is not None and later["lock_id"] == earlier["lock_id"]:
+                self.stats.grouped += 1
             if later["completion"] <= earlier["completion"]:
                 self.fail(
                     "3",
