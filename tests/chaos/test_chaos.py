@@ -1014,6 +1014,19 @@ class _Consumer:
             pass
 
 
+def claim_with_its_answer_lost(table: Table, claim: Instant) -> dict[str, Any]:
+    """Make ``claim`` as a create that acted and lost its answer does; the writer's event of that fault."""
+    table.storage.write(table.instant_path(claim), b"")
+    path = f"{TIMELINE_DIR}/{claim.file_name}"
+    return {
+        "event": "storage-fault",
+        "kind": "create-lost-ack",
+        "path": path,
+        "wall": time.time(),
+        "round": 0,
+    }
+
+
 def test_a_claim_left_behind_after_its_first_rollback_was_archived_is_told_from_a_double_rollback(
     table: Table,
 ) -> None:
@@ -1038,15 +1051,7 @@ def test_a_claim_left_behind_after_its_first_rollback_was_archived_is_told_from_
         LocalWriter(table).insert(rows([key]))
     archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
     assert archived is not None and first.rollback.requested_time in archived.instants
-    table.storage.write(table.instant_path(failed), b"")  # the create that acted, its answer lost
-    path = f"{TIMELINE_DIR}/{failed.file_name}"
-    lost = {
-        "event": "storage-fault",
-        "kind": "create-lost-ack",
-        "path": path,
-        "wall": time.time(),
-        "round": 0,
-    }
+    lost = claim_with_its_answer_lost(table, failed)
     [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
     assert second.target == failed.requested_time and not table.timeline().pending()
     by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
@@ -1068,16 +1073,9 @@ def test_a_claim_left_behind_at_the_time_of_an_archived_commit_is_rolled_back_al
         LocalWriter(table).insert(rows([key]))
     archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
     assert archived is not None and committed.requested_time in archived.instants
-    claim = Instant(committed.requested_time, Action.COMMIT, State.REQUESTED)
-    table.storage.write(table.instant_path(claim), b"")  # the create that acted, its answer lost
-    path = f"{TIMELINE_DIR}/{claim.file_name}"
-    lost = {
-        "event": "storage-fault",
-        "kind": "create-lost-ack",
-        "path": path,
-        "wall": time.time(),
-        "round": 0,
-    }
+    lost = claim_with_its_answer_lost(
+        table, Instant(committed.requested_time, Action.COMMIT, State.REQUESTED)
+    )
     later = time.time() + 10 * POLICY.tolerance
     [undone] = rollback_failed(table, service_lock(table), POLICY, now=later)
     assert undone.target == committed.requested_time and undone.deleted == ()
