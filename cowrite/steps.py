@@ -45,7 +45,12 @@ class Step(enum.StrEnum):
     # the completed file exists, and readers that go by instant times miss the schema change it made: an
     # empty commit records the schema next (lock held)
     RECORDING_SCHEMA = "recording-schema"
-    PUBLISHED = "published"  # the completed file exists, the lock still held (``completion``, ``lock``)
+    # the completed file exists, the lock still held (``completion``, ``lock``); with ``grouped``, the
+    # holder of another turn published it (group commit), and this writer holds no lock
+    PUBLISHED = "published"
+    # a waiter's completed file exists, published by the lock's holder after its own (group commit): reached
+    # by the holder, with the waiter's instant, lock held (``completion``, ``lock``)
+    GROUPED = "grouped"
     ABORTING = "aborting"  # the write gives up (details: ``cause``); its rollback may follow
     RENEWED = "renewed"  # the heartbeat file was rewritten (details: ``storage``)
     GAVE_UP = "gave-up"  # the heartbeat marks the instant aborted (details: ``reason``)

@@ -77,7 +77,8 @@ class Report:
         return (
             f"scenarios: {s.scenarios}  kills: {s.kills} (daemon: {s.daemon_kills})  stops: {s.stops}  "
             f"starvations: {s.starvations}  storage faults: {s.storage_faults}  commits: {s.commits} "
-            f"(while no daemon ran: {s.commits_without_daemon}; of the schema alone: {s.schema_commits})  "
+            f"(while no daemon ran: {s.commits_without_daemon}; of the schema alone: {s.schema_commits}; "
+            f"published by another writer's turn: {s.grouped})  "
             f"conflicts: {s.conflicts}  "
             f"lease losses: {s.lease_lost} (stopped {s.lease_lost_stopped}, starved {s.lease_lost_starved}, "
             f"running {s.lease_lost_running})  rollbacks: {s.rollbacks}  "

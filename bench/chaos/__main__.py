@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile",
         choices=sorted(PROFILES),
-        help="quick (default), long (as --long), or soak: half the scenarios on S3, two thirds of those "
-        "behind 20 or 50 ms round trips, starvation, calm scenarios, more storage faults",
+        help="quick (default), long (as --long), soak: half the scenarios on S3, two thirds of those "
+        "behind 20 or 50 ms round trips, starvation, calm scenarios, more storage faults; or crowd: as the "
+        "soak, all on S3 behind round trips, 6-8 writers (group commit)",
     )
     parser.add_argument("--json", type=Path, help="also write the report here, as JSON")
     soaking = parser.add_argument_group("soak")

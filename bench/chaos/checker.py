@@ -75,6 +75,7 @@ class Stats:
     lease_lost_running: int = 0
     commits_without_daemon: int = 0
     schema_commits: int = 0  # empty commits that recorded the schema after a writer's commit
+    grouped: int = 0  # commits a holder published after its own, for writers queued behind it
     writer_seconds: float = 0.0  # time each writer process ran after the release, summed
     # per instant of a writer neither stopped nor starved: its longest wait between two renewals of the
     # heartbeat (from the claim), as a fraction of the lease's tolerance
@@ -522,13 +523,16 @@ class Checker:
                     f"{item.instant.file_name if item else 'nothing'}",
                 )
         for earlier, later in zip(log, log[1:], strict=False):
+            if later["lock_id"] is not None and later["lock_id"] == earlier["lock_id"]:
+                self.stats.grouped += 1
             if later["completion"] <= earlier["completion"]:
                 self.fail(
                     "3",
                     f"commit {later['instant']} followed {earlier['instant']} with a completion time "
                     f"that is not larger ({later['completion']} <= {earlier['completion']})",
                 )
-            if None not in (earlier["lock_id"], later["lock_id"]) and later["lock_id"] <= earlier["lock_id"]:
+            # (one turn logs every commit it published, its own and those of waiters: group commit)
+            if None not in (earlier["lock_id"], later["lock_id"]) and later["lock_id"] < earlier["lock_id"]:
                 self.fail(
                     "3",
                     f"commit {later['instant']} under lock{later['lock_id']} followed "
@@ -627,6 +631,7 @@ class Checker:
         first_done: dict[str, float] = {}
         # target -> when its first rollback was planned: it deletes the target's files after that
         first_planned: dict[str, float] = {}
+        untimed: set[str] = set()  # targets with a rollback archived, which keeps no file times: the first
         for time_, item in evidence.completed.items():
             if item.instant.action is not Action.ROLLBACK:
                 continue
@@ -637,16 +642,22 @@ class Checker:
                 continue
             plan = RollbackPlan.from_bytes(content, time_)
             targets[(plan.target, plan.target_action)].append(time_)
-            if item.modified is not None:
+            if item.modified is None:
+                untimed.add(plan.target)
+            else:
                 first_done[plan.target] = min(item.modified, first_done.get(plan.target, item.modified))
             requested = evidence.requested_files.get((time_, Action.ROLLBACK))
             planned_at = requested.modified if requested is not None else item.modified
             if planned_at is not None:
                 first_planned[plan.target] = min(planned_at, first_planned.get(plan.target, planned_at))
-            # (a claim left behind may share its time with another action's instant, which may complete)
+            # (a claim left behind may share its time with another action's instant, which may complete;
+            # or, made again from a stale floor, with an instant completed and archived before it: a create
+            # acts only where no file is. Its rollback then names no file, and removes only that claim.)
             done = evidence.completed.get(plan.target)
+            again = done is not None and done.archived_before is not None and not plan.files
             if done is not None and done.instant.action.value == plan.target_action:
-                self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
+                if not (again and any(t > done.archived_before for t in self.left_behind[plan.target])):
+                    self.fail("6", f"rollback {time_} targets {plan.target}, which completed")
             for path in plan.files:
                 base = BaseFile.parse(FileInfo(path, 0, 0.0))
                 if base is None or base.instant_time != plan.target:
@@ -682,10 +693,11 @@ class Checker:
             # created only once the old one is deleted, which the rollback does before it completes.
             done = first_done.get(target, float("inf"))
             claimable = min(done, first_planned.get(target, done) + self.slack)
-            if claimable == float("inf") and target in self.claims:
-                # its first rollback was archived, which keeps no file times: a claim left behind after
-                # its writer claimed the time is a second claim (a create acts only where no file is)
-                claimable = self.claims[target]["wall"]
+            if target in untimed and target in self.claims:
+                # its first rollback was archived, which keeps no file times (those of a later one are not
+                # the first's): a claim left behind after its writer claimed the time is a second claim (a
+                # create acts only where no file is)
+                claimable = min(claimable, self.claims[target]["wall"])
             came_back = any(t > done for t in self.planned[target]) or any(
                 t > claimable for t in self.left_behind[target]
             )

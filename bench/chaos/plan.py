@@ -28,6 +28,7 @@ STEPS = (
     "written",  # every base file written, commit not started
     "locked",  # holding the lock for the commit, timeline not reloaded yet
     "published",  # the completed instant exists, lock still held
+    "grouped",  # (S3) the holder published a waiter's commit after its own, lock held
     "aborting",  # giving up (conflict, lease lost, error): before deleting its files
 )
 # After the writer's last lease and lock check, before it creates the completed instant: a process paused
@@ -206,7 +207,20 @@ SOAK = replace(
     faulty_share=0.8,
     fault_rates=(0.05, 0.15),
 )
-PROFILES = {"quick": QUICK, "long": LONG, "soak": SOAK}
+# A crowd: as the soak, all on S3 behind round trips, with more writers, so that many wait for the lock at
+# once and holders publish the commits of the writers queued behind them (group commit).
+CROWD = replace(
+    SOAK,
+    writers=(6, 8),
+    rounds=(4, 6),
+    partitions=(12, 16),
+    s3_share=1.0,
+    s3_latencies=(0.02, 0.05),
+    calm_share=0.0,
+    faulty_share=0.3,
+    fault_rates=(0.02, 0.05),
+)
+PROFILES = {"quick": QUICK, "long": LONG, "soak": SOAK, "crowd": CROWD}
 
 
 def lease(backend: str, latency: float, calm: bool = False) -> tuple[int, int]:

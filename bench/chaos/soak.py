@@ -61,6 +61,7 @@ def table(by_store: dict[str, Stats], violations: dict[str, int], seconds: float
         ("  storage faults", lambda s, _: s.storage_faults),
         ("commits", lambda s, _: s.commits),
         ("schema commits", lambda s, _: s.schema_commits),
+        ("  grouped", lambda s, _: s.grouped),
         ("conflicts", lambda s, _: s.conflicts),
         ("rollbacks", lambda s, _: s.rollbacks),
         ("lease losses", lambda s, _: s.lease_lost),

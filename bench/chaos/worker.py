@@ -129,11 +129,14 @@ def install(faults: Faults, events: Events) -> None:
                 return
             events.emit("beat", instant=instant, modified=modified)
             return
-        if step is Step.PUBLISHED:
+        if step in (Step.PUBLISHED, Step.GROUPED):
+            # the commit log, in commit order, is written under the lock: by the holder that published
             lock_id = getattr(details["lock"], "lock_id", None)
             fields = {"instant": instant, "completion": details["completion"], "lock_id": lock_id}
-            events.emit("published", to=events.commit_log, **fields)
-            events.emit("published", **fields)
+            if not details.get("grouped"):
+                events.emit("published", to=events.commit_log, **fields)
+            if step is Step.PUBLISHED:
+                events.emit("published", **fields)
         elif step is Step.ABORTING:
             events.emit("abort", instant=instant, cause=details["cause"])
         elif step in reported:

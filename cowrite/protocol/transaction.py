@@ -45,22 +45,19 @@ from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.config import Config
 from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
-from cowrite.format.table import TABLE_SERVICE_OPERATIONS, Table
+from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.protocol import sketch
+from cowrite.protocol import group, sketch
+from cowrite.protocol.checks import WriteChecks
 from cowrite.protocol.conflict import (
-    CHECKED,
-    Candidate,
-    Conflict,
     ConflictStrategy,
-    record_key_overlap,
     strategy_named,
 )
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
-from cowrite.protocol.locks import LockHolder, TableLock, lock_for
+from cowrite.protocol.locks import LockHolder, RequestPublished, TableLock, lock_for
 from cowrite.protocol.revert import Revert
 from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish_schema, recorded_schema
-from cowrite.protocol.turns import Turns, completed_between
+from cowrite.protocol.turns import Turns, completed_between, noted_instant
 from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
 from cowrite.steps import Step, reached
 from cowrite.storage.together import ahead, beside
@@ -88,8 +85,10 @@ class WriteOptions:
 RevertClustering = Callable[["Transaction", list[Instant], Timeline], Revert | None]
 
 
-class Transaction:
+class Transaction(WriteChecks):
     """A writer's instant from begin to commit or abort. Use :meth:`begin` to create one."""
+
+    options: WriteOptions
 
     def __init__(self, table: Table, action: Action, operation: str, options: WriteOptions) -> None:
         self.table = table
@@ -110,6 +109,9 @@ class Transaction:
         self._early_checked = 0.0
         self.turns = Turns(table, self.lock)
         self._publishing = False  # the completed file's creation has begun (under the lock)
+        self._handed: group.Request | None = None  # the commit this writer handed over (:mod:`.group`)
+        self._then: Callable[[], None] | None = None  # what the turn does once its commit is reported
+        self._held = False  # this commit took the lock (a request it handed over is then told at once)
 
     # -- begin -----------------------------------------------------------------------------------
     @classmethod
@@ -255,44 +257,6 @@ class Transaction:
                 self._early_checked = now
                 self._check_early(self.planned)
 
-    def _check_early(self, planned: CommitMetadata) -> None:
-        """Abort while writing if a commit that completed since begin, or a live writer with an earlier
-        instant (which wins by this rule), plans to touch one of our file groups."""
-        timeline = self.table.timeline()
-        rivals = completed_between(self.table, self.begin_timeline, timeline) + [
-            Candidate(i, plan)
-            for i in timeline.pending()
-            if i.action.writes_data
-            and i.requested_time < self.instant_time
-            and (plan := self.table.pending_plan(i)) is not None
-        ]
-        self._raise_first(self.strategy(planned, rivals))
-
-    def _fail_while_waiting(
-        self, metadata: CommitMetadata, revert: RevertClustering | None, published: list[Candidate]
-    ) -> None:
-        """While this writer waits for the lock, fail on a conflict with a commit the lock's turns
-        published since begin, where the check under the lock would fail as well: on any, unless the
-        write may revert clusterings it lost to (then on one with any other winner). A write that carries
-        an application version is left to the lock: a version already committed is refused there first."""
-        if self.options.txn is not None:
-            return
-        conflicts = self.strategy(metadata, published)
-        if revert is not None and self._ingestion_first(metadata):
-            conflicts = [c for c in conflicts if not self.table.is_clustering(c.winner)]
-        self._raise_first(conflicts)
-
-    def _ingestion_first(self, metadata: CommitMetadata) -> bool:
-        """Whether this write wins over clusterings it conflicts with (the table lets ingestion win)."""
-        allow = self.options.config.get(keys.CLUSTERING_UPDATES_STRATEGY) == "allow"
-        return allow and metadata.operation not in TABLE_SERVICE_OPERATIONS
-
-    def _raise_first(self, conflicts: list[Conflict]) -> None:
-        for conflict in conflicts:
-            raise WriteConflictError(
-                self.table.name, self.instant_time, conflict.winner.requested_time, conflict.describe()
-            )
-
     # -- commit ----------------------------------------------------------------------------------
     def beside_the_lock(self, last: Callable[[], WriteStat]) -> WriteStat:
         """``last()`` — the write's last file, from an engine that writes its files itself — made beside
@@ -331,30 +295,88 @@ class Transaction:
             keyed = self._checks_keys(metadata)
             unread = sketch.clearing(self.strategy, metadata, carried.to_json(), begun, keyed)
             waiting = partial(self._fail_while_waiting, metadata, revert)
+            self._hand_over(metadata, payload)
+            self._publishing, self._then, self._held = False, None, False
             known = self.turns.take(self.begin_timeline, waiting, unread)
-            self._publishing = False
+            self._held = True
             try:
                 reached(Step.LOCKED, self.instant_time)
                 completed = self._publish(metadata, payload, revert, (carried, begun, rebase), known)
-                completion = completed.completion_time
-                reached(Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock)
+                completion, grouped = completed.completion_time, not self._publishing
+                reached(
+                    Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock, grouped=grouped
+                )
+                if self._then is not None:
+                    self._then()
             finally:
-                if not self._publishing:  # a turn that published nothing says so: later holders need not list
+                # A turn that published nothing says so: later holders need not list. Not one of a writer
+                # that handed its commit over: holders after it then leave that request alone.
+                if not self._publishing and not self.lock.requested:
                     self.lock.note_published(None)
                 self._release_lock()
+        except RequestPublished as grouped:
+            completed = self._published_by_another(grouped.noted)
         except CommitStateUnknownError:
             self.heartbeat.stop(delete=False)
             raise
         except BaseException as exc:
-            # nothing was published: whatever went wrong, the write definitely did not commit
-            self.abort(exc)
-            raise
+            settled = self._settle(exc)
+            if settled is None:  # nothing was published: the write definitely did not commit
+                self.abort(exc)
+                raise
+            completed = self._published_by_another(settled.file_name)
+        finally:
+            self.lock.request = None
         try:
             self.heartbeat.stop(delete=True)
         except CowriteError as exc:  # committed all the same; the cleaner collects a stray heartbeat
             log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
         log.info("committed %s on %s", completed, self.table)
         return completed
+
+    def _hand_over(self, metadata: CommitMetadata, payload: bytes) -> None:
+        """On an object store, hand the commit to the holders ahead of this writer in the lock's queue,
+        for a while (:mod:`.group`): a plain commit, with the lease held long enough."""
+        assert self.instant is not None and self.heartbeat is not None
+        self.lock.requested, self._handed, noted = False, None, self.turns.noted
+        lasts = min(group.WINDOW, self.heartbeat.remaining() - self.heartbeat.policy.margin)
+        if not self.table.storage.round_trips or noted is None or lasts <= group.SLACK:
+            return
+        if self.options.txn is None and group.groupable(self.action, self.strategy):
+            plans, keys = not self._ingestion_first(metadata), self._checks_keys(metadata)
+            request = group.Request(self.instant, noted, time.time() + lasts, plans, keys, payload)
+            self.lock.request, self._handed = request.to_bytes(), request
+
+    def _settle(self, failure: BaseException) -> Instant | None:
+        """After ``failure``, for a writer that handed its commit over: its completed instant if a holder
+        published it, once none can any more (raises :class:`CommitStateUnknownError` when that cannot be
+        told); None for any other writer."""
+        if not self.lock.requested or self.heartbeat is None or self._handed is None:
+            return None
+        # Nobody publishes it after this writer's own turn, which then ended unnoted; nor after a conflict
+        # it found while waiting, which every holder finds as well.
+        at_once = self._held or isinstance(failure, WriteConflictError)
+        try:
+            done = group.settle(self.table, self.instant_time, self._handed.until, at_once)
+        except CowriteError as exc:
+            self.heartbeat.stop(delete=False)
+            raise CommitStateUnknownError(
+                f"{self.instant_time} on {self.table.uri} failed ({failure}) after handing its commit to "
+                f"other writers, and whether one published it cannot be told ({exc}); reload the timeline"
+            ) from failure
+        return done
+
+    def _published_by_another(self, noted: str) -> Instant:
+        """This writer's commit, which the holder of another turn published (:mod:`.group`): ``noted``
+        names its completed file."""
+        done = noted_instant(noted)
+        assert done is not None and self._handed is not None  # the lock matched it
+        self.table.published(done, self._handed.payload)  # the process's next write need not read it
+        self.instant = done
+        reached(
+            Step.PUBLISHED, self.instant_time, completion=done.completion_time, lock=self.lock, grouped=True
+        )
+        return done
 
     def _with_txns(self, metadata: CommitMetadata, carried: CommittedTxns) -> CommitMetadata:
         """``metadata`` carrying ``carried`` forward, with this write's own txn added."""
@@ -375,6 +397,10 @@ class Transaction:
         assert self.instant is not None and self.heartbeat is not None
         timeline = known if known is not None else self.table.timeline()
         mine = timeline.get(self.instant_time)
+        if mine is not None and mine.is_completed and self.lock.requested and self._handed is not None:
+            self.lock.note_published(None)  # a holder before published it: later ones skip the request
+            self.table.published(mine, self._handed.payload)
+            return mine
         if mine is None or mine.is_completed:
             raise LeaseLostError(
                 f"instant {self.instant_time} of table {self.table.name} is no longer pending "
@@ -412,8 +438,19 @@ class Transaction:
         completion = self.table.completion_time(timeline, self.instant_time, int(self.options.clock() * 1000))
         done = self.instant.transition(State.COMPLETED, completion)
         self._publishing = True
+        # the lock's release names the commit, now that it exists; a turn that publishes a second commit
+        # (a revert, the schema) is not noted: later holders list the timeline. A noted one publishes
+        # the commits of writers queued behind it too, their requests read beside its own (:mod:`.group`).
+        alter = hidden(timeline, self.instant_time, metadata.schema, schema)
+        noted = reverted is None and not alter
+        requests: list[tuple[int, bytes]] = []
+
+        def read_requests() -> None:
+            requests.extend(self.lock.requests())
+
         try:
-            created = self.table.storage.create_if_absent(self.table.instant_path(done), payload)
+            create = partial(self.table.storage.create_if_absent, self.table.instant_path(done), payload)
+            created = beside(self.table.storage, create, read_requests if noted else None)
         except StorageError as exc:
             raise CommitStateUnknownError(
                 f"publishing {done} on {self.table.uri} failed midway ({exc}); reload the timeline and "
@@ -421,13 +458,13 @@ class Transaction:
             ) from exc
         if not created:
             raise CommitStateUnknownError(f"{done} already exists on {self.table.uri}; reload the timeline")
-        # the lock's release names the commit, now that it exists; a turn that publishes a second commit
-        # (a revert, the schema) is not noted: later holders list the timeline
-        alter = hidden(timeline, self.instant_time, metadata.schema, schema)
-        if reverted is None and not alter:
-            self.lock.note_published(sketch.note(done.file_name, metadata))
         self.table.published(done, payload)
         self.instant = done
+        if noted:  # once this commit is reported: the commits of waiters follow it
+            own, clock, check = (done, metadata), self.options.clock, self.heartbeat.check
+            self._then = partial(
+                group.publish_waiting, self.table, self.lock, timeline, own, requests, clock, check
+            )
         if reverted is not None:
             reverted.publish(self.table, metadata, int(self.options.clock() * 1000))
         elif alter:
@@ -435,47 +472,6 @@ class Transaction:
             now, carries = int(self.options.clock() * 1000), {TXNS_KEY: metadata.extra[TXNS_KEY]}
             publish_schema(self.table, self.lock, now, metadata.schema, carries)
         return done
-
-    def _check_conflicts(
-        self,
-        metadata: CommitMetadata,
-        timeline: Timeline,
-        revert: RevertClustering | None,
-        completed_since_begin: list[Candidate],
-    ) -> Revert | None:
-        """Raise on a conflict; return the clustering revert to publish when ingestion wins one."""
-        ingestion_first = self._ingestion_first(metadata)
-        candidates = list(completed_since_begin)
-        if not ingestion_first:  # pending clustering plans count as touched
-            candidates += [
-                Candidate(instant, plan)
-                for instant in timeline.pending()
-                if instant.requested_time != self.instant_time
-                and (plan := self.table.service_plan(instant)) is not None
-            ]
-        conflicts = self.strategy(metadata, candidates)
-        undo = None
-        if conflicts and revert is not None and ingestion_first:
-            winners = [c.winner for c in conflicts]
-            if all(w.is_completed and self.table.is_clustering(w) for w in winners):
-                undo = revert(self, winners, timeline)
-        if undo is None:
-            self._raise_first(conflicts)
-        if self._checks_keys(metadata):
-            completed = [c for c in candidates if c.instant.is_completed]
-            for conflict in record_key_overlap(self.table, self.instant_time, metadata, completed):
-                raise WriteConflictError(
-                    self.table.name,
-                    self.instant_time,
-                    conflict.winner.requested_time,
-                    conflict.describe(),
-                    what="records with the same keys",
-                )
-        return undo
-
-    def _checks_keys(self, metadata: CommitMetadata) -> bool:
-        """Whether this write must not insert a record key a rival inserted (see :mod:`.conflict`)."""
-        return self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and metadata.operation in CHECKED
 
     def _release_lock(self) -> None:
         """Release the lock; a failure only delays the next writer until the lock expires."""

@@ -83,7 +83,7 @@ class Turns:
         published = self.lock.published_since(self.noted)
         if published is None:
             return None
-        instants = [_completed(name) for name in published]
+        instants = [noted_instant(name) for name in published]
         completed = [i for i in instants if i is not None]
         if len(completed) < len(instants):
             return None
@@ -105,7 +105,7 @@ class Turns:
         sketch: Sketch | None = parse(noted)[1]
         return self._clears is not None and sketch is not None and self._clears(sketch)
 
-    def _read_published(self, notes: Mapping[int, str], waiting: bool) -> None:
+    def _read_published(self, notes: Mapping[int, tuple[str, ...]], waiting: bool) -> None:
         """Before this writer holds the lock: read the commits the turns since the note published (reads
         are kept), so that once it holds the lock it has them at hand; while ``waiting`` for another
         holder, also check them for a conflict. Raises only what that check raises."""
@@ -114,8 +114,10 @@ class Turns:
         after = self.noted
         instants = [
             i
-            for lock_id, name in notes.items()
-            if lock_id > after and (i := _completed(name)) and not self._ruled_out(name)
+            for lock_id, names in notes.items()
+            if lock_id > after
+            for name in names
+            if (i := noted_instant(name)) and not self._ruled_out(name)
         ]
         written = [i for i in instants if i.action.writes_data]
         try:
@@ -131,7 +133,7 @@ class Turns:
                 self._checked.update(c.instant.requested_time for c in fresh)
 
 
-def _completed(noted: str) -> Instant | None:
+def noted_instant(noted: str) -> Instant | None:
     """The completed instant a lock's note names; None for any other name."""
     try:
         instant = instant_named(parse(noted)[0])

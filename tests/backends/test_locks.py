@@ -964,7 +964,7 @@ def test_a_turn_that_noted_what_it_published_ends_with_the_note(
     first.release()
     finish_background()
     assert lock_ids(storage) == ["lock1.acquired", f"lock1.published.{published}"]
-    assert not scan(storage).is_held(1) and scan(storage).published == {1: published}
+    assert not scan(storage).is_held(1) and scan(storage).published == {1: (published,)}
     waiter.acquire(timeout=5)
     assert waiter.lock_id == 2 and waiter.published_since(0) == [published]
     waiter.release()
@@ -1055,3 +1055,22 @@ def test_the_turns_since_a_noted_one_tell_what_they_published(storage: Storage) 
         f"lock1.published.{published}",
         "lock2.published.nothing",
     }
+
+
+def test_a_turn_that_published_waiters_commits_counts_as_noted_once_all_its_notes_show() -> None:
+    """A holder that published, after its own commit, those of waiters queued behind it (group commit)
+    notes each; its own note, which releases the lock, says how many others there are. A listing that
+    shows fewer counts the turn as ended but not noted (later holders list the timeline)."""
+    own = "20261129000000001_20261129000000005.commit"
+    first, second = "20261129000000002_20261129000000006.commit", "20261129000000003_20261129000000007.commit"
+    names = {"lock3.acquired", f"lock3.published+2.{own}", f"lock3.grouped.{second}"}
+    partial_view = lock_files.files_named(frozenset(names))
+    assert partial_view.released == {3} and partial_view.published == {} and not partial_view.is_held(3)
+    whole = lock_files.files_named(frozenset(names | {f"lock3.grouped.{first}"}))
+    assert whole.published == {3: (own, first, second)}
+    assert whole.noting("20261129000000002") == first and whole.noting("20261129000000004") is None
+    notes = {f"{LOCK_DIR}/{name}" for name in names - {"lock3.acquired"}} | {
+        f"{LOCK_DIR}/lock3.grouped.{first}"
+    }
+    acquired, others = lock_files.collectable(Storage.for_uri("memory://groups"), whole, 4)
+    assert acquired == [f"{LOCK_DIR}/lock3.acquired"] and set(others) == notes

@@ -85,8 +85,6 @@ def test_quick_chaos_run_violates_no_invariant(tmp_path: Path, capsys: pytest.Ca
 # -- the checker has teeth ---------------------------------------------------------------------------
 
 
-
-
 def _outcome(uri: str, seed_instant: str) -> Outcome:
     plan = replace(scenario(SEED, 0, QUICK), writers=(), consumers=(), commits_retained=10)
     return Outcome(
@@ -946,9 +944,7 @@ def test_consumers_see_every_commit_once_in_any_interleaving(
     fresh = iter(range(10**6))
     for action, who in steps:
         if action == "begin" and who not in staged_writes:
-            keys_ = data.draw(
-                st.lists(st.sampled_from([f"k{i}" for i in range(6)]), max_size=3, unique=True)
-            )
+            keys_ = data.draw(st.lists(st.sampled_from([f"k{i}" for i in range(6)]), max_size=3, unique=True))
             keys_ += [f"n{next(fresh)}" for _ in range(data.draw(st.integers(0, 2)))]
             if keys_:
                 staged_writes[who] = staged(
@@ -1016,3 +1012,76 @@ class _Consumer:
     def drain(self) -> None:
         while self.pull():
             pass
+
+
+def claim_with_its_answer_lost(table: Table, claim: Instant) -> dict[str, Any]:
+    """Make ``claim`` as a create that acted and lost its answer does; the writer's event of that fault."""
+    table.storage.write(table.instant_path(claim), b"")
+    path = f"{TIMELINE_DIR}/{claim.file_name}"
+    return {
+        "event": "storage-fault",
+        "kind": "create-lost-ack",
+        "path": path,
+        "wall": time.time(),
+        "round": 0,
+    }
+
+
+def test_a_claim_left_behind_after_its_first_rollback_was_archived_is_told_from_a_double_rollback(
+    table: Table,
+) -> None:
+    """A writer's claim failed at once and was rolled back; archival then took that rollback off the
+    active timeline (its file times with it). Another writer, whose clock was behind and whose claims kept
+    failing before it listed, claimed that time again and lost the create's answer: the claim stayed, and
+    was rolled back in turn (soak seed 888260, scenario 4). The checker took the second rollback's file
+    times for the first's, and reported the time rolled back twice."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    later = time.time() + 10 * POLICY.tolerance
+    failed = Instant(from_millis(int(time.time() * 1000) + 1000), Action.COMMIT, State.REQUESTED)
+    claimed = {
+        "event": "claimed",
+        "instant": failed.requested_time,
+        "wall": time.time(),
+        "worker": 0,
+        "round": 0,
+    }
+    table.storage.write(table.instant_path(failed), b"")
+    [first] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    for key in ("b", "c", "d"):
+        LocalWriter(table).insert(rows([key]))
+    archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
+    assert archived is not None and first.rollback.requested_time in archived.instants
+    lost = claim_with_its_answer_lost(table, failed)
+    [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert second.target == failed.requested_time and not table.timeline().pending()
+    by = f"{first.rollback.requested_time}, {second.rollback.requested_time}"
+    twice = f"instant {failed.requested_time} was rolled back 2 times: by {by}"
+    for events, reported in (({0: [claimed]}, [twice]), ({0: [claimed, lost]}, [])):
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
+        violations, _ = Checker(outcome).check()
+        assert [v.message for v in violations if "rolled back" in v.message] == reported
+
+
+def test_a_claim_left_behind_at_the_time_of_an_archived_commit_is_rolled_back_alone(table: Table) -> None:
+    """A writer whose clock was behind and whose claims kept failing before it listed claimed the time of
+    a commit that archival had taken off the active timeline, so the create acted, and lost its answer.
+    The claim stayed and was rolled back, deleting nothing but that claim (soak seed 888260, scenario 4);
+    the checker reported a rollback of a completed instant."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    committed = LocalWriter(table).insert(rows(["b"]))
+    for key in ("c", "d", "e"):
+        LocalWriter(table).insert(rows([key]))
+    archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
+    assert archived is not None and committed.requested_time in archived.instants
+    lost = claim_with_its_answer_lost(
+        table, Instant(committed.requested_time, Action.COMMIT, State.REQUESTED)
+    )
+    later = time.time() + 10 * POLICY.tolerance
+    [undone] = rollback_failed(table, service_lock(table), POLICY, now=later)
+    assert undone.target == committed.requested_time and undone.deleted == ()
+    assert sorted(read.snapshot(table).column("id").to_pylist()) == ["a", "b", "c", "d", "e"]
+    wrong = f"rollback {undone.rollback.requested_time} targets {committed.requested_time}, which completed"
+    for events, reported in (({}, [wrong]), ({0: [lost]}, [])):
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events=events)
+        violations, _ = Checker(outcome).check()
+        assert [v.message for v in violations if "which completed" in v.message] == reported

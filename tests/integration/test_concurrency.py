@@ -38,6 +38,8 @@ from cowrite.local.read import snapshot
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.liveness import judge
+from cowrite.protocol.locks.base import LockHolder
+from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock, read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
@@ -384,7 +386,8 @@ def assert_commit_order(target: Target, log: list[dict[str, Any]], before: list[
     requested = [i.requested_time for i in timeline]
     assert len(requested) == len(set(requested))
     lock_ids = [entry["lock_id"] for entry in log if entry["lock_id"] is not None]
-    assert lock_ids == sorted(set(lock_ids)), f"commits did not happen in lock order: {lock_ids}"
+    # (a turn that published the commits of writers queued behind it logged them all under its id)
+    assert lock_ids == sorted(lock_ids), f"commits did not happen in lock order: {lock_ids}"
 
 
 def assert_lock_free(target: Target) -> None:
@@ -829,3 +832,217 @@ def test_concurrent_writers_of_one_new_key(
         slow.finish(EXIT_OK)
         want = sorted([("s0", *rows["s0"]), ("new", "p0", "A", instant_a), ("new", "p0", "B", instant_b)])
         assert cowrite_rows(target) == want and hudi_rows(target) == want
+
+
+# -- 9. group commit on S3: a holder publishes the commits of the writers queued behind it -------------
+
+# Long enough a lease that a waiter hands its commit over for seconds (cowrite.protocol.group), short
+# enough that a dead holder's lock expires within the test's waits.
+GROUP_HEARTBEAT = {
+    keys.HEARTBEAT_INTERVAL_MS.key: "2000",
+    keys.HEARTBEAT_TOLERABLE_MISSES.key: "2",
+}
+
+
+def requests_queued(target: Target, count: int) -> bool:
+    """Whether ``count`` places in the lock's queue hold a waiter's commit."""
+    places = [i.name for i in target.storage.list(LOCK_DIR) if i.name.endswith(".queued")]
+    return sum(bool(target.storage.read(f"{LOCK_DIR}/{name}")) for name in places) >= count
+
+
+def lock_notes(target: Target) -> list[str]:
+    return sorted(
+        i.name for i in target.storage.list(LOCK_DIR) if ".published" in i.name or ".grouped." in i.name
+    )
+
+
+def test_the_holder_publishes_the_commits_queued_behind_it(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    target = s3_target(s3_server)
+    target.create()
+    log = tmp_path / "commits.log"
+    plans = {name: [batch(name, [f"{name}-{j}" for j in range(3)], name)] for name in ("a", "b", "c")}
+    holder = writers.start(
+        target,
+        plans["a"],
+        name="a",
+        operation="insert",
+        pause_at="locked",
+        release_by_file=True,
+        commit_log=log,
+    )
+    holder.paused()
+    waiters = [
+        writers.start(target, plans[n], name=n, operation="insert", commit_log=log) for n in ("b", "c")
+    ]
+    wait_until(lambda: requests_queued(target, 2), "both waiters to hand their commits over")
+    holder.release()
+    results = {w.name: w.finish(EXIT_OK)["commits"][0] for w in [holder, *waiters]}
+
+    # One turn of the lock published all three, the holder's first, and its log says so in commit order.
+    entries = read_log(log)
+    lock_id = entries[0]["lock_id"]
+    assert entries[0]["instant"] == results["a"]["instant"]
+    assert sorted(e["instant"] for e in entries[1:]) == sorted(results[n]["instant"] for n in ("b", "c"))
+    assert {e["lock_id"] for e in entries} == {lock_id} and {e["pid"] for e in entries} == {holder.pid}
+    assert_commit_order(target, entries, before=[])
+    completed = {i.requested_time: i for i in target.timeline()}
+    for result in results.values():
+        assert completed[result["instant"]].completion_time == result["completion"]
+    own, *grouped = [f"{e['instant']}_{e['completion']}.commit" for e in entries]
+    notes = lock_notes(target)
+    assert len(notes) == 3
+    assert [n for n in notes if n.startswith(f"lock{lock_id}.published+2.{own}")]
+    assert all([n for n in notes if n.startswith(f"lock{lock_id}.grouped.{name}")] for name in grouped)
+    # nobody took the lock after the holder: the waiters learnt from its notes, and left no place behind
+    lock = current_lock(target.storage)
+    assert lock is not None and lock.lock_id == lock_id and lock.holder is None
+    assert not [i for i in target.storage.list(LOCK_DIR) if i.name.endswith(".queued")]
+    assert target.storage.list(HEARTBEAT_DIR) == []
+
+    expected: Rows = {}
+    for name, plan in plans.items():
+        expected |= expected_rows(plan, results[name]["instant"])
+    assert_rows(target, expected)
+
+
+def test_a_queued_commit_that_conflicts_is_left_to_its_writer(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    target = s3_target(s3_server)
+    seeded, rows = seed(target, [f"s{i}" for i in range(4)])
+    options = {keys.RETRIES_ON_CONFLICT.key: "0"}
+    log = tmp_path / "commits.log"
+    holder_plan = [batch("p0", ["s0", "s1"], "holder")]
+    holder = writers.start(
+        target,
+        holder_plan,
+        name="holder",
+        pause_at="locked",
+        release_by_file=True,
+        commit_log=log,
+        options=options,
+    )
+    holder.paused()
+    rival_plan = [batch("p0", ["s2"], "rival")]  # the seed's one file group, as the holder's
+    rival = writers.start(target, rival_plan, name="rival", commit_log=log, options=options)
+    other_plan = [batch("p1", ["o0"], "other")]
+    other = writers.start(
+        target, other_plan, name="other", operation="insert", commit_log=log, options=options
+    )
+    wait_until(lambda: requests_queued(target, 2), "both waiters to hand their commits over")
+    holder.release()
+    held = holder.finish(EXIT_OK)["commits"][0]["instant"]
+    added = other.finish(EXIT_OK)["commits"][0]["instant"]
+    rival.wait()
+    assert rival.process.returncode == EXIT_CONFLICT, rival.output()
+
+    entries = read_log(log)
+    assert [e["instant"] for e in entries] == [held, added]
+    assert {e["pid"] for e in entries} == {holder.pid}
+    assert_commit_order(target, entries, before=[seeded])
+    timeline = target.timeline()
+    assert [i.requested_time for i in timeline.in_completion_order()] == [seeded, held, added]
+    losers = [i for i in timeline if not i.is_completed]
+    assert len(losers) <= 1 and all(i.requested_time not in (held, added) for i in losers)
+    rows |= expected_rows(holder_plan, held) | expected_rows(other_plan, added)
+    assert_rows(target, rows)
+
+
+def test_a_holder_killed_while_publishing_queued_commits_loses_none(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    target = s3_target(s3_server)
+    target.create()
+    # This test holds the lock (its turn notes that it published nothing) while three writers queue behind it;
+    # whichever takes the lock next publishes the others' commits after its own, and dies after the first.
+    policy = HeartbeatPolicy(interval=2.0, tolerable_misses=2)
+    lock = FileSystemLock(target.storage, LockHolder(owner="test"), policy)
+    lock.acquire()
+    plans = {name: [batch(name, [f"{name}-{j}" for j in range(2)], name)] for name in ("a", "b", "c")}
+    started = [
+        writers.start(target, plan, name=n, operation="insert", pause_at="grouped", options=GROUP_HEARTBEAT)
+        for n, plan in plans.items()
+    ]
+    wait_until(lambda: requests_queued(target, 3), "three waiters to hand their commits over")
+    lock.note_published(None)
+    lock.release()
+    killed = wait_for_any_pause(started)
+    killed.kill()
+    survivors = [w for w in started if w is not killed]
+    results = {w.name: w.finish(EXIT_OK)["commits"][0]["instant"] for w in survivors}
+
+    timeline = target.timeline()
+    assert all(i.is_completed for i in timeline) and len(timeline) == 3
+    by_name = {n: [i for i in timeline if i.requested_time == results.get(n)] for n in plans}
+    assert all(len(found) == 1 for n, found in by_name.items() if n in results)
+    killed_instant = next(i.requested_time for i in timeline if i.requested_time not in results.values())
+    expected: Rows = {}
+    for name, plan in plans.items():
+        expected |= expected_rows(plan, results.get(name, killed_instant))
+    assert_rows(target, expected)
+    assert_lock_free(target)
+
+
+def wait_for_any_pause(started: list[Writer]) -> Writer:
+    found: list[Writer] = []
+
+    def paused() -> bool:
+        found.extend(w for w in started if w.file("ready").exists())
+        return bool(found)
+
+    wait_until(paused, "a holder to publish a waiter's commit")
+    return found[0]
+
+
+def test_a_waiter_that_gives_up_after_handing_its_commit_over_reports_it_published(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """A waiter whose wait for the lock times out may have had its commit published meanwhile by the
+    holder ahead of it: it waits until its request lapses, then looks, and reports the commit."""
+    target = s3_target(s3_server)
+    target.create()
+    lock = FileSystemLock(target.storage, LockHolder(owner="test"), HeartbeatPolicy())
+    lock.acquire()
+    log = tmp_path / "commits.log"
+    # Whichever takes the lock publishes the other's commit and stops there, its release not made: the
+    # other times out waiting (3 s), waits for its request to lapse, and finds its commit in the timeline.
+    plans = {name: [batch(name, [f"{name}-0"], name)] for name in ("a", "b")}
+    options = {keys.LOCK_WAIT_MS.key: "3000"}
+    started = {
+        n: writers.start(
+            target,
+            plan,
+            name=n,
+            operation="insert",
+            pause_at="grouped",
+            release_by_file=True,
+            options=options,
+            commit_log=log,
+        )
+        for n, plan in plans.items()
+    }
+    wait_until(lambda: requests_queued(target, 2), "both writers to hand their commits over")
+    lock.note_published(None)
+    lock.release()
+    holder = wait_for_any_pause(list(started.values()))
+    waiter = next(w for w in started.values() if w is not holder)
+    waited = waiter.finish(EXIT_OK, timeout=WAIT)["commits"][0]
+    holder.release()
+    held = holder.finish(EXIT_OK)["commits"][0]
+
+    # (the holder made no release meanwhile: the waiter learnt of its commit from the timeline, once its
+    # wait had timed out)
+    assert waited["seconds"] >= 3.0
+    entries = read_log(log)
+    assert [(e["instant"], e["completion"]) for e in entries] == [
+        (held["instant"], held["completion"]),
+        (waited["instant"], waited["completion"]),
+    ]
+    assert_commit_order(target, entries, before=[])
+    expected: Rows = {}
+    for name, plan in plans.items():
+        expected |= expected_rows(plan, (held if started[name] is holder else waited)["instant"])
+    assert_rows(target, expected)
+    assert_lock_free(target)

@@ -148,7 +148,8 @@ def observe_steps(pause: Pause, turns: Turns, commit_log: Path | None) -> None:
         pause(step, instant, details)
         if step is Step.PLANNED:
             turns.wait()
-        elif step is Step.PUBLISHED and commit_log is not None:
+        elif step in (Step.PUBLISHED, Step.GROUPED) and commit_log is not None and not details.get("grouped"):
+            # by the holder that published it, under the lock: the order of the lines is the commit order
             lock_id = getattr(details["lock"], "lock_id", None)
             entry = {"completion": details["completion"], "lock_id": lock_id, "wall": time.time()}
             append_line(commit_log, {"pid": os.getpid(), "instant": instant, **entry})

@@ -15,7 +15,7 @@ Providers: :class:`~cowrite.protocol.locks.filesystem.FileSystemLock` (lock file
 :class:`~cowrite.protocol.locks.base.InProcessLock` for threads of one process.
 """
 
-from cowrite.protocol.locks.base import InProcessLock, LockHolder, TableLock
+from cowrite.protocol.locks.base import InProcessLock, LockHolder, RequestPublished, TableLock
 from cowrite.protocol.locks.factory import lock_for
 
-__all__ = ["InProcessLock", "LockHolder", "TableLock", "lock_for"]
+__all__ = ["InProcessLock", "LockHolder", "RequestPublished", "TableLock", "lock_for"]

@@ -8,13 +8,22 @@ import socket
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from types import TracebackType
 
 from cowrite.errors import CorruptTimelineError, LeaseLostError, LockTimeoutError
 from cowrite.process import keep
 from cowrite.protocol.retry import RetryPolicy
+
+
+class RequestPublished(Exception):  # noqa: N818 (an outcome, not an error)
+    """Ends a wait for the lock: the holder of a turn published the waiter's :attr:`TableLock.request`
+    (group commit, :mod:`cowrite.protocol.group`). ``noted``: the note that names its completed file."""
+
+    def __init__(self, noted: str) -> None:
+        super().__init__(f"the commit this waiter handed over was published: {noted}")
+        self.noted = noted
 
 
 def _new_owner() -> str:
@@ -69,7 +78,12 @@ class TableLock(ABC):
         # being taken beside (False): a writer reads those commits then, rather than once it holds the
         # lock. While the lock is another's, what it raises ends the wait; beside a take it must not
         # raise, as the lock may be this object's by then.
-        self.on_published: Callable[[Mapping[int, str], bool], None] | None = None
+        self.on_published: Callable[[Mapping[int, tuple[str, ...]], bool], None] | None = None
+        # A waiter's commit, for a holder ahead of it to publish with its own where the provider queues
+        # waiters (group commit, :mod:`cowrite.protocol.group`); :attr:`requested` tells whether it was
+        # handed over.
+        self.request: bytes | None = None
+        self.requested = False
 
     @abstractmethod
     def acquire(self, timeout: float | None = None) -> None: ...
@@ -108,12 +122,20 @@ class TableLock(ABC):
         """
         return None
 
-    def note_published(self, published: str | None) -> None:
+    def note_published(
+        self, published: str | None, grouped: Sequence[str] = (), served: Sequence[int] = ()
+    ) -> None:
         """Note, for later holders, that this turn published the completed file ``published`` (None:
-        nothing) and changed nothing else: call once that file exists, before :meth:`release`, at most
-        once a turn. The release tells them; a turn released without a note makes them list the
+        nothing), then those of waiters ``grouped`` (in completion order; ``served``: their places, from
+        :meth:`requests`), and changed nothing else: call once those files exist, before :meth:`release`,
+        at most once a turn. The release tells them; a turn released without a note makes them list the
         timeline."""
         return None  # a provider without turns has nobody to tell
+
+    def requests(self) -> list[tuple[int, bytes]]:
+        """The :attr:`request` of every waiter queued behind the holder, with its place, in the order of
+        the queue; empty where the provider does not queue waiters."""
+        return []
 
     def _policy(self, timeout: float | None) -> RetryPolicy:
         return self.retry if timeout is None else replace(self.retry, deadline=timeout)

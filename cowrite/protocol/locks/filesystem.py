@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from enum import Enum
 from functools import partial
 
 from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
 from cowrite.protocol.heartbeat import HeartbeatPolicy
-from cowrite.protocol.locks.base import LockHolder, TableLock
+from cowrite.protocol.locks.base import LockHolder, RequestPublished, TableLock
 from cowrite.protocol.locks.lock_files import (
     FRESH_VIEW,
     LOCK_DIR,
@@ -48,6 +48,7 @@ from cowrite.protocol.locks.lock_files import (
     holder_or_unknown,
     is_release,
     queued_path,
+    read_places,
     released_path,
     scan,
     staleness,
@@ -72,6 +73,8 @@ _LONGEST_PACE = 1.0
 # once next, asks every quarter hold at most), and at least that many seconds.
 _LEAVE_FOR_HOLDS = 2.0
 _LEAVE_AT_LEAST = 0.25
+# The most requests of queued waiters a holder reads (group commit, cowrite.protocol.group).
+_MOST_REQUESTS = 7
 # A queued waiter lists again after at most that many holds: places of waiters that died or gave up
 # count as turns ahead of it, and must not keep it from looking for long.
 _QUEUE_HORIZON = 8
@@ -115,8 +118,10 @@ class FileSystemLock(TableLock):
         self._waiting_since = time.monotonic()
         self._first_seen: int | None = None  # the highest id this waiter's first try saw
         self._held_since = 0.0  # time.monotonic() when this object asked for the lock it holds
-        self._notes: dict[int, str] = {}  # what turns published, from every listing since the turn was noted
-        self._noted: str | None = None  # what the turn this object holds published, once it says
+        # what turns published, from every listing since the turn was noted
+        self._notes: dict[int, tuple[str, ...]] = {}
+        self._noted: tuple[str, ...] | None = None  # what the turn this object holds published, once it says
+        self._served: list[int] = []  # the places of the waiters whose commits it published
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         # Since when what this object knows of the lock directory holds (time.monotonic()): when its last
         # listing began, or when its process's create of the last turn began; None on local disk.
@@ -149,6 +154,8 @@ class FileSystemLock(TableLock):
             policy = replace(policy, floor=self._pace)
         try:
             self._wait_and_take(policy)
+        except RequestPublished:
+            raise  # the holder that published it deletes its place
         except BaseException:
             self._leave_queue()  # a place nobody will take would hold up the turn after it
             raise
@@ -232,12 +239,30 @@ class FileSystemLock(TableLock):
         between = range(turn + 1, held)
         if any(lock_id not in notes for lock_id in between):
             return None
-        return [name for lock_id in between if (name := notes[lock_id]) != NOTHING]
+        return [name for lock_id in between for name in notes[lock_id] if name != NOTHING]
 
-    def note_published(self, published: str | None) -> None:
-        """Noted by the release (:mod:`.releases`): made once the completed file exists."""
+    def note_published(
+        self, published: str | None, grouped: Sequence[str] = (), served: Sequence[int] = ()
+    ) -> None:
+        """Noted by the release (:mod:`.releases`): made once the completed files exist. The places of the
+        waiters served go after it, in one request."""
         if self._id is not None:
-            self._noted = published or NOTHING
+            self._noted, self._served = (published or NOTHING, *grouped), list(served)
+
+    def requests(self) -> list[tuple[int, bytes]]:
+        """Read at once from the places behind this holder, where its last view showed any or is stale:
+        a listing now shows which, and every note of the turn before this one."""
+        held, seen = self._id, self._view_at
+        if held is None or seen is None:  # (local disk: no queue)
+            return []
+        if time.monotonic() - seen < FRESH_VIEW and not any(place > held for place in self._last.queued):
+            return []
+        try:
+            queued = self._scan().queued
+        except CowriteError as exc:
+            log.info("no requests read from the queue of the lock of %s: %s", self.storage.uri, exc)
+            return []
+        return read_places(self.storage, sorted(place for place in queued if place > held)[:_MOST_REQUESTS])
 
     def _pace(self) -> float:
         """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
@@ -246,6 +271,8 @@ class FileSystemLock(TableLock):
         about twice as long as a hold of the lock lasts, less the more turns this waiter has seen go by
         (down to a quarter of a hold), so that who has waited longest tends to try first."""
         hold = self._hold()
+        if self.requested:  # a holder ahead may publish this waiter's commit at the end of any turn
+            return hold
         if self._place is not None and self._place > self._highest:
             # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
             # waiter, and the pauses with them.
@@ -264,6 +291,8 @@ class FileSystemLock(TableLock):
         files = self._scan()
         self._asked = time.monotonic() - asked
         current = self._highest = files.highest
+        if self.requested and (noted := files.noting(self.holder.instant)) is not None:
+            raise RequestPublished(noted)
         if self._first_seen is None:
             self._first_seen = current
         told = self.on_published if files.published else None
@@ -313,7 +342,9 @@ class FileSystemLock(TableLock):
     def _queue_at(self, place: int) -> int | None:
         try:
             for _ in range(_IMMEDIATE_RETRIES):
-                if self.storage.create_if_absent(queued_path(place), b""):
+                # handed over from the try on: a create whose answer is lost may have been made
+                self.requested = self.requested or self.request is not None
+                if self.storage.create_if_absent(queued_path(place), self.request or b""):
                     return place
                 place += 1  # another waiter took it meanwhile
         except CowriteError as exc:
@@ -357,7 +388,7 @@ class FileSystemLock(TableLock):
         return self._taken(candidate, asked)
 
     def _taken(self, lock_id: int, asked: float) -> _Outcome:
-        self._id, self._held_since, self._noted = lock_id, asked, None
+        self._id, self._held_since, self._noted, self._served = lock_id, asked, None, []
         if self._place is not None and self._place > lock_id:
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
@@ -430,6 +461,10 @@ class FileSystemLock(TableLock):
             return
         end_turn(self.storage, lock_id, self.holder.owner, self._held_since, self._noted, self.now)
         self._id = None
+        if self._served:  # after the release: the waiters see their notes first
+            served = [queued_path(place) for place in self._served]
+            in_background(self.storage, partial(self.storage.delete_all, served), "deleting served places")
+            self._served = []
         # Every contender lists the lock directory on every try: keep it short. Only ids far below ours
         # go, so the stale-view check above (our id must be the highest) still holds. Every
         # _KEPT_ON_RELEASE turns, what our last listing showed of older turns goes at once (one request a
@@ -450,7 +485,8 @@ class FileSystemLock(TableLock):
         if files.is_held(lock_id) and files.highest == lock_id:
             return
         if lock_id in files.published:
-            how = f"its holder released it, noting that its turn published {files.published[lock_id]}"
+            noted = ", ".join(files.published[lock_id])
+            how = f"its holder released it, noting that its turn published {noted}"
         elif lock_id in files.released:
             how = describe_release(self.storage, lock_id)
         elif lock_id not in files.acquired:

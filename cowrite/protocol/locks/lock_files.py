@@ -16,11 +16,17 @@ Files, each created once with create-if-absent and never rewritten:
   its completed file was created): it ends with ``lock<id>.released``. A later holder who saw the
   timeline before some turn, and finds a note for every turn since, knows the timeline's completed part
   without listing it.
-- ``lock<id>.queued`` (empty): a waiter's place in the queue, on an object store: it means to take lock
+- ``lock<id>.published+<n>.<...>`` and ``n`` files ``lock<id>.grouped.<...>`` (empty): a writer's turn that
+  published, after its own commit, the commits of ``n`` waiters (group commit,
+  :mod:`cowrite.protocol.group`). The first ends the turn as a note does; the others name the waiters'
+  completed files, all created once every completed file exists. A listing that shows fewer than ``n``
+  grouped notes counts the turn as ended but not noted.
+- ``lock<id>.queued``: a waiter's place in the queue, on an object store: it means to take lock
   ``id`` once lock ``id - 1`` is released, and others leave that id to it for a while
   (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.acquire`). A place decides nobody's turn:
   the lock is still whoever created ``lock<id>.acquired``. It only lets waiters ask when their turn
-  has come instead of all asking at every release.
+  has come instead of all asking at every release. It may hold the waiter's commit, for a holder ahead
+  of it to publish with its own (:mod:`cowrite.protocol.group`); else it is empty.
 
 The lock is held by the holder of the highest id while no ``lock<id>.released`` and no note exists for
 it. Ids are positive integers compared as numbers and only grow: acquiring means creating
@@ -47,12 +53,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 
-from cowrite.errors import CorruptTimelineError
+from cowrite.errors import CorruptTimelineError, CowriteError
 from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.storage.backend import FileInfo, Storage
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,8 @@ LOCK_DIR = ".hoodie/locks"
 
 # Leading zeros are not ours: "lock07" would be a second name for id 7.
 _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
-_NOTE = re.compile(r"lock([1-9][0-9]*)\.published\.(.+)")
+_NOTE = re.compile(r"lock([1-9][0-9]*)\.published(?:\+([1-9][0-9]*))?\.(.+)")
+_GROUPED = re.compile(r"lock([1-9][0-9]*)\.grouped\.(.+)")
 _QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
 
 # Seconds on each process's monotonic clock, on object stores (see the module docstring); the age must be
@@ -88,8 +97,13 @@ def released_path(lock_id: int) -> str:
 NOTHING = "nothing"  # what a note names for a turn that published nothing
 
 
-def note_path(lock_id: int, published: str | None) -> str:
-    return f"{LOCK_DIR}/lock{lock_id}.published.{published or NOTHING}"
+def note_path(lock_id: int, published: str | None, grouped: int = 0) -> str:
+    counted = f"+{grouped}" if grouped else ""
+    return f"{LOCK_DIR}/lock{lock_id}.published{counted}.{published or NOTHING}"
+
+
+def grouped_path(lock_id: int, published: str) -> str:
+    return f"{LOCK_DIR}/lock{lock_id}.grouped.{published}"
 
 
 def queued_path(lock_id: int) -> str:
@@ -109,11 +123,14 @@ class LockFiles:
 
     acquired: frozenset[int]
     released: frozenset[int]  # by a note or a ``.released`` file
-    published: Mapping[int, str] = field(default_factory=dict)  # the notes: id -> completed file name
+    # the notes of every turn whose notes all show: id -> what it published, its own commit first, then the
+    # commits it published for waiters in completion order
+    published: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     queued: frozenset[int] = frozenset()  # the ids waiters queued for
     release_files: frozenset[int] = frozenset()  # the ids with a ``.released`` file
     acquired_at: Mapping[int, float] = field(default_factory=dict)
     listed_at: float | None = None
+    notes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # every note's file name, by id
 
     @property
     def highest(self) -> int:
@@ -122,6 +139,11 @@ class LockFiles:
 
     def is_held(self, lock_id: int) -> bool:
         return lock_id in self.acquired and lock_id not in self.released
+
+    def noting(self, instant: str | None) -> str | None:
+        """The note that names ``instant``'s completed file, if one shows."""
+        completed = f"{instant}_"
+        return next((n for notes in self.published.values() for n in notes if n.startswith(completed)), None)
 
 
 def scan(storage: Storage) -> LockFiles:
@@ -153,7 +175,7 @@ def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[st
         ids = [i for i in ids if now - seen.get(i, now) >= COLLECTABLE_AGE]
     acquired = [acquired_path(i) for i in ids if i in files.acquired]
     others = [released_path(i) for i in ids if i in files.release_files]
-    others += [note_path(i, files.published[i]) for i in ids if i in files.published]
+    others += [f"{LOCK_DIR}/{name}" for i in ids for name in files.notes.get(i, ())]
     others += [queued_path(i) for i in sorted(files.queued) if i < below]
     return acquired, others
 
@@ -162,17 +184,38 @@ def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[st
 def files_named(names: frozenset[str]) -> LockFiles:
     acquired: set[int] = set()
     release_files: set[int] = set()
-    published: dict[int, str] = {}
+    closing: dict[int, tuple[int, str]] = {}  # id -> (how many commits it grouped, its own note)
+    grouped: dict[int, list[str]] = {}
+    notes: dict[int, list[str]] = {}
     queued: set[int] = set()
     for name in names:
         if (note := _NOTE.fullmatch(name)) is not None:
-            published[int(note.group(1))] = note.group(2)
+            lock_id = int(note.group(1))
+            closing[lock_id] = (int(note.group(2) or 0), note.group(3))
+            notes.setdefault(lock_id, []).append(name)
+        elif (member := _GROUPED.fullmatch(name)) is not None:
+            lock_id = int(member.group(1))
+            grouped.setdefault(lock_id, []).append(member.group(2))
+            notes.setdefault(lock_id, []).append(name)
         elif (parsed := parse_lock_file(name)) is not None:
             (release_files if parsed[1] else acquired).add(parsed[0])
         elif (place := _QUEUED.fullmatch(name)) is not None:
             queued.add(int(place.group(1)))
-    ended = frozenset(release_files | published.keys())
-    return LockFiles(frozenset(acquired), ended, published, frozenset(queued), frozenset(release_files))
+    published = {
+        lock_id: (own, *sorted(members, key=_completion))
+        for lock_id, (count, own) in closing.items()
+        if len(members := grouped.get(lock_id, ())) == count
+    }
+    ended = frozenset(release_files | closing.keys())
+    kept = {lock_id: tuple(sorted(names)) for lock_id, names in notes.items()}
+    return LockFiles(
+        frozenset(acquired), ended, published, frozenset(queued), frozenset(release_files), notes=kept
+    )
+
+
+def _completion(noted: str) -> str:
+    """What orders the notes of one turn: the completion time, after the requested time in the name."""
+    return noted.partition("_")[2]
 
 
 @memo(1024, "pure; contenders list the same few names on every try")
@@ -188,6 +231,20 @@ def parse_lock_file(name: str) -> tuple[int, bool] | None:
 def is_release(name: str) -> bool:
     """Whether ``name`` (in the lock directory) ends a turn."""
     return (parsed := parse_lock_file(name)) is not None and parsed[1]
+
+
+def read_places(storage: Storage, places: list[int]) -> list[tuple[int, bytes]]:
+    """What each of the ``lock<place>.queued`` files holds, read at once: those gone, empty or unreadable
+    left out (their waiters commit themselves)."""
+
+    def read(place: int) -> bytes | None:
+        try:
+            return storage.read(queued_path(place))
+        except (FileNotFoundError, CowriteError):
+            return None
+
+    held = together(storage, [partial(read, place) for place in places])
+    return [(place, request) for place, request in zip(places, held, strict=True) if request]
 
 
 def created_at(storage: Storage, lock_id: int) -> float:

@@ -3,7 +3,8 @@
 A writer's turn that noted what it published (:meth:`~.filesystem.FileSystemLock.note_published`) ends
 with that note, ``lock<id>.published.<...>``, created once the completed file it names exists: one file
 both tells later holders what the turn published and releases the lock, and a note that exists names a
-commit that does. Any other turn ends with ``lock<id>.released`` (:mod:`.lock_files`).
+commit that does. A turn that also published waiters' commits creates their notes beside it. Any other turn
+ends with ``lock<id>.released`` (:mod:`.lock_files`).
 
 On an object store the release is made in the background: what it ends (a commit) is complete, and
 nobody in the process needs its answer. The process's next try for the same table's lock waits for it
@@ -21,7 +22,13 @@ from concurrent.futures import Future
 from functools import partial
 
 from cowrite.process import keep_mapping
-from cowrite.protocol.locks.lock_files import ReleaseReason, describe_release, note_path, write_release
+from cowrite.protocol.locks.lock_files import (
+    ReleaseReason,
+    describe_release,
+    grouped_path,
+    note_path,
+    write_release,
+)
 from cowrite.storage.backend import Storage
 from cowrite.storage.together import in_background
 
@@ -53,24 +60,44 @@ _RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
 
 
 def end_turn(
-    storage: Storage, lock_id: int, owner: str, held_since: float, noted: str | None, now: Callable[[], float]
+    storage: Storage,
+    lock_id: int,
+    owner: str,
+    held_since: float,
+    noted: tuple[str, ...] | None,
+    now: Callable[[], float],
 ) -> None:
     """End the turn ``lock_id`` that ``owner`` has held since ``held_since`` (``time.monotonic()``): with
-    the note ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`),
-    else with ``lock<id>.released``. On local disk now, raising what the storage raises; on an object
-    store in the background, where a failure is only logged (the lock then expires)."""
+    the notes ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`,
+    then those it published for waiters), else with ``lock<id>.released``. On local disk now, raising
+    what the storage raises; on an object store in the background, where a failure is only logged (the
+    lock then expires)."""
     _LAST_TURN[storage.uri] = (lock_id, held_since)
-    give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now)
+    # The notes of the waiters' commits first, at once, then the release: a listing that shows the release
+    # shows them all, and their waiters learn from it that their commits are in.
+    grouped = [
+        in_background(storage, partial(storage.create_if_absent, grouped_path(lock_id, name), b""), "noting")
+        for name in (noted or ())[1:]
+    ]
+    give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now, grouped)
     releasing = in_background(storage, give_back, f"releasing table lock {lock_id}")
     if releasing is not None:
         _RELEASING[storage.uri] = (lock_id, releasing)
 
 
 def _give_back(
-    storage: Storage, lock_id: int, owner: str, held_since: float, noted: str | None, now: Callable[[], float]
+    storage: Storage,
+    lock_id: int,
+    owner: str,
+    held_since: float,
+    noted: tuple[str, ...] | None,
+    now: Callable[[], float],
+    grouped: list[Future[bool] | None],
 ) -> None:
+    if not all(note is None or note.result() for note in grouped):
+        noted = None  # a waiter's note is missing: the turn ends unnoted, and its waiter lists the timeline
     if noted is not None:
-        storage.create_if_absent(note_path(lock_id, noted), b"")
+        storage.create_if_absent(note_path(lock_id, noted[0], len(noted) - 1), b"")
     elif not write_release(storage, lock_id, owner, ReleaseReason.RELEASED, now()):
         log.warning(
             "table lock %d on %s of %s was already released: %s",

@@ -1,0 +1,227 @@
+"""Group commit: the holder of a turn of the table lock publishes, after its own commit, the commits of
+writers queued behind it.
+
+On an object store a turn of the lock is several round trips, one after another, and without this one
+writer commits per turn: with many writers the lock's turns bound the table's commits per second. A writer
+that waits in the lock's queue hands its commit over in its place (:class:`Request`: the completed file's
+payload, the turn it began after, until when it may be published). The holder of a turn, once its own
+completed file exists, reads the requests queued behind it and publishes each that passes the checks the
+waiter would make under the lock itself, in the order of the queue, each with a completion time above the
+one before and created after it (one round trip each: completed files appear in completion order, as
+incremental readers need). Its release notes them all (:mod:`.locks.lock_files`). A waiter that sees its
+commit noted stops waiting (:class:`~.locks.base.RequestPublished`); one that takes the lock first publishes
+its commit itself, unless a turn before it published it.
+
+A holder publishes a request only when the notes of the turns since the waiter's begin tell it all the
+waiter's own check under the lock would look at:
+
+- the waiter's commit is a data commit checked by file groups and carries no application version
+  (:func:`groupable`);
+- every turn since the waiter's begin left its notes and none names the waiter's instant; no commit they
+  name, nor one published before it in this turn, touched a file group of the waiter's or inserted a
+  record key it inserts (where it checks keys), nor does a pending clustering plan where those count. A
+  note's sketch rules most out unread (:mod:`.sketch`); a conflict with a clustering that the waiter might
+  revert is left to the waiter;
+- the waiter carries the map of applications' versions and the schema that the holder's own commit
+  carries: the newest;
+- the request has not lapsed. A waiter hands its commit over for :data:`WINDOW` seconds at most, and
+  only while its lease lasts with the safety margin to spare, so no commit is published after its
+  writer's lease expired; a holder leaves alone a request with less than :data:`SLACK` left, which
+  covers the skew of two clocks and the create's round trip. A waiter that fails meanwhile waits until its
+  request lapsed, and looks whether it committed, before it aborts (:func:`settle`); a conflict it finds
+  while it waits is one every holder finds, and needs no wait. A waiter that takes the lock and fails
+  under it ends its turn unnoted, so that no later holder publishes its request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cowrite.errors import CowriteError
+from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Action, Instant, InvalidInstantError, State
+from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
+from cowrite.protocol import sketch
+from cowrite.protocol.checks import key_overlap, pending_plans
+from cowrite.protocol.conflict import Candidate, ConflictStrategy, file_group_overlap
+from cowrite.protocol.locks import TableLock
+from cowrite.protocol.turns import noted_instant
+from cowrite.protocol.txn import TXNS_KEY
+from cowrite.steps import Step, reached
+
+log = logging.getLogger(__name__)
+
+WINDOW = 10.0  # seconds a waiter's commit may be published by another holder, at most
+SLACK = 0.5  # seconds before a request lapses that a holder leaves it alone: clock skew and a round trip
+
+
+@dataclass(frozen=True)
+class Request:
+    """A waiter's commit, handed to the holders ahead of it in the queue."""
+
+    instant: Instant  # the waiter's pending instant
+    noted: int  # the lock's turn it noted before listing the timeline it began on
+    until: float  # seconds since the epoch: no holder publishes it from then on
+    plans: bool  # whether pending clustering plans count as touching their file groups
+    keys: bool  # whether it must not insert a record key a rival inserted (:mod:`.conflict`)
+    payload: bytes  # its completed file
+
+    def to_bytes(self) -> bytes:
+        head = {
+            "instant": self.instant.requested_time,
+            "action": self.instant.action.value,
+            "noted": self.noted,
+            "until": self.until,
+            "plans": self.plans,
+            "keys": self.keys,
+        }
+        return json.dumps(head, sort_keys=True).encode() + b"\n" + self.payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Request | None:
+        """The request ``data`` holds; None for anything else (an empty place, a damaged one)."""
+        head, newline, payload = data.partition(b"\n")
+        if not newline:
+            return None
+        try:
+            fields = json.loads(head)
+            instant = Instant(fields["instant"], Action(fields["action"]), State.INFLIGHT)
+            noted, until = int(fields["noted"]), float(fields["until"])
+            plans, keys = bool(fields["plans"]), bool(fields["keys"])
+        except (ValueError, KeyError, TypeError, InvalidInstantError):
+            return None
+        return cls(instant, noted, until, plans, keys, payload)
+
+
+def groupable(action: Action, conflict_strategy: ConflictStrategy) -> bool:
+    """Whether a commit of ``action`` checked by ``conflict_strategy`` may be handed over, when it carries
+    no application version: a data commit checked by file groups, which a holder checks as its writer
+    would."""
+    return action is Action.COMMIT and conflict_strategy is file_group_overlap
+
+
+def publish_waiting(
+    table: Table,
+    lock: TableLock,
+    timeline: Timeline,
+    own: tuple[Instant, CommitMetadata],
+    waiting: list[tuple[int, bytes]],
+    clock: Callable[[], float],
+    check: Callable[[], None],
+) -> None:
+    """Under the lock, once the holder's own completed file ``own`` exists on ``timeline`` (the timeline
+    as it is now, but for that file): publish what the requests ``waiting`` queued behind it allow, and
+    note the turn (:meth:`~.locks.base.TableLock.note_published`) unless a create failed midway (its
+    commit may exist): later holders then list the timeline. ``check`` raises
+    :class:`~cowrite.errors.LeaseLostError` unless the holder's lease is held with the safety margin to
+    spare: asked right before each create, as before the holder's own, it stops a holder paused
+    meanwhile from publishing after its lock may have expired."""
+    requests = [(place, r) for place, data in waiting if (r := Request.from_bytes(data)) is not None]
+    published, served = [own], []
+    for place, request in requests:
+        metadata = _checked(table, lock, timeline, request, published)
+        if metadata is None:
+            continue
+        try:
+            check()
+        except CowriteError as exc:
+            log.warning("publishing no more commits of waiters on %s: %s", table, exc)
+            break
+        time_ = request.instant.requested_time
+        completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
+        done = request.instant.transition(State.COMPLETED, completion)
+        if time.time() >= request.until - SLACK:
+            continue
+        try:
+            created = table.storage.create_if_absent(table.instant_path(done), request.payload)
+        except (
+            CowriteError
+        ) as exc:  # it may exist: the turn ends unnoted, and later holders list the timeline
+            log.warning("publishing %s for its writer failed midway: %s", done, exc)
+            return
+        if not created:
+            return
+        table.published(done, request.payload)
+        published.append((done, metadata))
+        served.append(place)
+        reached(Step.GROUPED, time_, completion=completion, lock=lock)
+        log.info("published %s on %s for its writer", done, table)
+    notes = [sketch.note(done.file_name, metadata) for done, metadata in published]
+    lock.note_published(notes[0], notes[1:], served)
+
+
+def _checked(
+    table: Table,
+    lock: TableLock,
+    timeline: Timeline,
+    request: Request,
+    published: list[tuple[Instant, CommitMetadata]],
+) -> CommitMetadata | None:
+    """The waiter's commit, if it passes every check of the module docstring; else None."""
+    time_ = request.instant.requested_time
+    try:
+        metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
+        why = _refusal(table, lock, timeline, request, metadata, published)
+    except CowriteError as exc:
+        why = str(exc)
+    if why is None:
+        return metadata
+    log.debug("leaving the commit of %s to its writer: %s", time_, why)
+    return None
+
+
+def _refusal(
+    table: Table,
+    lock: TableLock,
+    timeline: Timeline,
+    request: Request,
+    metadata: CommitMetadata,
+    published: list[tuple[Instant, CommitMetadata]],
+) -> str | None:
+    """Why the holder leaves the waiter's commit ``metadata`` to the waiter; None when it publishes it."""
+    time_ = request.instant.requested_time
+    if time.time() >= request.until - SLACK:
+        return "it lapses"
+    carried = sketch.Sketch.of(metadata).carried
+    if carried is None or carried != sketch.Sketch.of(published[0][1]).carried:
+        return "it carries another map of versions or schema than the newest commit"
+    between = lock.published_since(request.noted)
+    if between is None:
+        return "a turn since its begin left no note"
+    rivals = [(i, sketch.parse(name)[1]) for name in between if (i := noted_instant(name)) is not None]
+    if len(rivals) < len(between):
+        return "a note names no completed instant"
+    rivals += [(done, sketch.Sketch.of(m)) for done, m in published]
+    if any(i.requested_time == time_ for i, _ in rivals):
+        return "it committed already"
+    mine = timeline.get(time_)
+    if mine is not None and (mine.is_completed or table.being_rolled_back(timeline, time_)):
+        return "it is no longer pending"
+    txns = metadata.extra.get(TXNS_KEY, "")
+    clears = sketch.clearing(file_group_overlap, metadata, txns, metadata.schema, request.keys)
+    if clears is None:
+        return "its record keys are known only from its files"
+    unread = [i for i, noted in rivals if i.action.writes_data and not (noted and clears(noted))]
+    candidates = [Candidate(i, m) for i, m in zip(unread, table.commit_metadata_of(unread), strict=True)]
+    if request.keys and key_overlap(table, time_, metadata, candidates):
+        return "it inserts a record key another commit inserted"
+    if request.plans:
+        candidates += pending_plans(table, timeline, time_)
+    if file_group_overlap(metadata, candidates):
+        return "it touches a file group another commit touched"
+    return None
+
+
+def settle(table: Table, requested_time: str, until: float, at_once: bool) -> Instant | None:
+    """For a waiter that failed after handing its commit over: the completed instant if a holder published
+    it, else None, told once no holder can publish it any more — after it lapsed, or ``at_once`` when the
+    failure was a conflict every holder finds as well. Raises what listing the timeline raises."""
+    if not at_once:
+        time.sleep(max(0.0, until - time.time()))
+    found = table.timeline().get(requested_time)
+    return found if found is not None and found.is_completed else None
