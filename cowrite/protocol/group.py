@@ -132,16 +132,16 @@ def publish_waiting(
         except CowriteError as exc:
             log.warning("publishing no more commits of waiters on %s: %s", table, exc)
             break
+        if time.time() >= request.until - SLACK:
+            continue
         time_ = request.instant.requested_time
         completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
         done = request.instant.transition(State.COMPLETED, completion)
-        if time.time() >= request.until - SLACK:
-            continue
+        # A create that fails midway may have acted: the turn then ends unnoted, and later holders list
+        # the timeline.
         try:
             created = table.storage.create_if_absent(table.instant_path(done), request.payload)
-        except (
-            CowriteError
-        ) as exc:  # it may exist: the turn ends unnoted, and later holders list the timeline
+        except CowriteError as exc:
             log.warning("publishing %s for its writer failed midway: %s", done, exc)
             return
         if not created:
