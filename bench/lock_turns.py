@@ -6,7 +6,8 @@ A turn runs from one holder's create of ``lock<N>.acquired`` to the next holder'
 - ``create``: the holder's create of its lock file, from its arrival at the proxy to its answer;
 - ``to publish``: the holder's work between that answer and the create of its completed file;
 - ``publish``: that create's round trip;
-- ``to release``: from its answer to the arrival of the release;
+- ``to release``: from its answer to the arrival of the release (with group commit, the holder publishes the
+  commits of the waiters queued behind it meanwhile, one after another);
 - ``release``: the release's round trip: the note of what the turn published, or ``lock<N>.released``;
 - ``handoff``: from the release's answer to the arrival of the next holder's create, the time the next
   waiter takes to learn of the release.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from bench.proxy import Request
 from cowrite.protocol.locks.lock_files import LOCK_DIR, parse_lock_file
@@ -52,7 +54,7 @@ def lock_turns(requests: list[Request]) -> Turns:
     for request in sorted(requests, key=lambda r: r.began):
         if request.kind != "PUT":
             continue
-        folder, _, name = request.path.rpartition("/")
+        folder, _, name = unquote(request.path).rpartition("/")  # (a note's "+" comes quoted)
         if folder.endswith(LOCK_DIR) and (parsed := parse_lock_file(name)) is not None:
             first.setdefault(parsed, request)
         elif _COMPLETED.search(request.path):
