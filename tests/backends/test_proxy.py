@@ -14,7 +14,9 @@ from support import ROOT, hudi_rs
 from support.servers import S3Server
 
 from cowrite.format.table import Table
+from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local.writer import LocalWriter
+from cowrite.protocol.locks.lock_files import acquired_path, grouped_path, note_path
 from cowrite.storage.backend import Storage
 
 sys.path.insert(0, str(ROOT))
@@ -102,3 +104,23 @@ def test_the_lock_turns_of_a_run_are_taken_apart_from_the_proxy_log(s3_server: S
     for index, turn in enumerate(turns.turns):
         assert min(ms[index] for ms in turns.parts.values()) >= 0
         assert abs(sum(ms[index] for ms in turns.parts.values()) - turn) < 1e-6
+
+
+def test_a_turn_that_published_waiters_commits_is_taken_apart_too(s3_server: S3Server) -> None:
+    """The release of a turn that published waiters' commits names how many (``published+<n>``): the
+    proxy logs that name URL-quoted."""
+    own, waiter = "20261129000000001_20261129000000003.commit", "20261129000000002_20261129000000004.commit"
+    with DelayingProxy(s3_server.endpoint_url, delay=0.0, trace=True) as proxy:
+        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        paths = [
+            acquired_path(1),
+            f"{TIMELINE_DIR}/{own}",
+            f"{TIMELINE_DIR}/{waiter}",
+            grouped_path(1, waiter),
+            note_path(1, own, grouped=1),
+            acquired_path(2),
+        ]
+        for path in paths:
+            assert storage.create_if_absent(path, b"")
+        turns = lock_turns(proxy.requests())
+    assert len(turns.turns) == 1 and all(len(ms) == 1 for ms in turns.parts.values())
