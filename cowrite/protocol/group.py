@@ -124,8 +124,14 @@ def publish_waiting(
     requests = [(place, r) for place, data in waiting if (r := Request.from_bytes(data)) is not None]
     published, served = [own], []
     for place, request in requests:
-        metadata = _checked(table, lock, timeline, request, published)
-        if metadata is None:
+        time_ = request.instant.requested_time
+        try:
+            metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
+            why = _refusal(table, lock, timeline, request, metadata, published)
+        except CowriteError as exc:
+            why = str(exc)
+        if why is not None:
+            log.debug("leaving the commit of %s to its writer: %s", time_, why)
             continue
         try:
             check()
@@ -134,7 +140,6 @@ def publish_waiting(
             break
         if time.time() >= request.until - SLACK:
             continue
-        time_ = request.instant.requested_time
         completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
         done = request.instant.transition(State.COMPLETED, completion)
         # A create that fails midway may have acted: the turn then ends unnoted, and later holders list
@@ -153,26 +158,6 @@ def publish_waiting(
         log.info("published %s on %s for its writer", done, table)
     notes = [sketch.note(done.file_name, metadata) for done, metadata in published]
     lock.note_published(notes[0], notes[1:], served)
-
-
-def _checked(
-    table: Table,
-    lock: TableLock,
-    timeline: Timeline,
-    request: Request,
-    published: list[tuple[Instant, CommitMetadata]],
-) -> CommitMetadata | None:
-    """The waiter's commit, if it passes every check of the module docstring; else None."""
-    time_ = request.instant.requested_time
-    try:
-        metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
-        why = _refusal(table, lock, timeline, request, metadata, published)
-    except CowriteError as exc:
-        why = str(exc)
-    if why is None:
-        return metadata
-    log.debug("leaving the commit of %s to its writer: %s", time_, why)
-    return None
 
 
 def _refusal(
