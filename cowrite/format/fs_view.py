@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO
 
-from cowrite.errors import BaseFileGoneError, TimeTravelCleanedError
+from cowrite.errors import BaseFileGoneError, InstantGoneError, TimeTravelCleanedError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant
@@ -100,8 +100,10 @@ class FileSystemView:
         read fails on any commit it cannot parse. A view ``for_write`` reads only the replacecommits and the
         commits whose files it shows as latest, concurrently: a write fails when it would build on a commit
         nobody can parse, and what it reads does not grow with the table's history. A file a caller's
-        ``timeline`` showed that was archived since raises :class:`InstantGoneError`; the timeline listed
-        here is listed once more instead (:meth:`Table.read_timeline`). ``early``, the same partitions
+        ``timeline`` showed that was archived since raises :class:`InstantGoneError` (a view ``for_write``
+        lists the timeline in full instead and leaves the archived instants out: their files count as
+        committed); the timeline listed here is listed once more instead (:meth:`Table.read_timeline`).
+        ``early``, the same partitions
         listed before ``timeline``, replaces the listing when it holds every file the view can show.
         """
         if timeline is None:
@@ -138,7 +140,12 @@ class FileSystemView:
         )
         if for_write:
             latest = {g.latest.instant_time for g in view.groups.values()}
-            table.commit_metadata_of([i for i in commits if i.requested_time in latest])
+            try:
+                table.commit_metadata_of([i for i in commits if i.requested_time in latest])
+            except InstantGoneError:  # archived since the timeline was listed (a tail may show it): its
+                # files count as committed, as every archived instant's
+                timeline = table.still_listed(timeline)
+                return cls.build(table, timeline, as_of, partitions, for_write=True, early=early)
         return view
 
     def latest_base_files(self) -> list[BaseFile]:

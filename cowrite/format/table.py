@@ -191,8 +191,16 @@ class Table:
         return self.config.get(keys.HIVE_STYLE_PARTITIONING)
 
     # -- timeline --------------------------------------------------------------------------------
-    def timeline(self) -> Timeline:
-        return Timeline.load(self.storage)
+    def timeline(self, tail: bool = False) -> Timeline:
+        """The timeline listed now; with ``tail``, its tail on an object store (:meth:`Timeline.load`)."""
+        return Timeline.load(self.storage, tail)
+
+    def still_listed(self, timeline: Timeline) -> Timeline:
+        """``timeline`` without the completed instants a listing in full no longer shows: those archived
+        since (a tail's view may hold some). Lists the timeline."""
+        Timeline.forget(self.storage)
+        now = self.timeline()
+        return Timeline(i for i in timeline if not i.is_completed or now.get(i.requested_time) is not None)
 
     def read_timeline(self, read: Callable[[Timeline], T]) -> T:
         """``read`` of the timeline listed now, for a reader that reads files the listing showed.
@@ -340,7 +348,7 @@ class Table:
             path = self.instant_path(instant.transition(State.INFLIGHT))
             planned = partial(self.storage.write, path, drafted) if drafted else None
             try:
-                after = beside(self.storage, self.timeline, planned)
+                after = beside(self.storage, partial(self.timeline, tail=True), planned)
                 shared = instant.requested_time in Timeline.shared_times(self.storage)
             except BaseException:
                 # Not known to stand, and nothing is written under it: withdrawn now, it needs no rollback
@@ -454,6 +462,7 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
     try:
         return storage.read(path)
     except FileNotFoundError:
+        Timeline.forget(storage)  # a tail of the timeline may have shown it: the next listing is in full
         raise InstantGoneError(storage.full_path(path)) from None
 
 

@@ -3,6 +3,24 @@
 A loaded :class:`Timeline` holds one :class:`Instant` per requested time, in its latest state. Loading
 lists ``.hoodie/timeline/`` once; every view is computed from that snapshot, so a caller that needs to see
 newer instants loads again (writers do, under the lock, before they commit).
+
+**Tails.** On an object store a listing costs a request per thousand names, and the server's time and the
+client's grow with every name it returns, though a writer needs only the names that changed. So a writer's
+look after its claim (:meth:`Timeline.load` with ``tail``) lists only the names after a *start point* and
+keeps from the last load those before it. The start point is the older of
+
+- the oldest requested time pending in the last load: an instant's later files (inflight, completed, or
+  its removal by a rollback) sort with its requested time, at or after it;
+- the newest completed requested time of the load before the last. A claim stands only if the listing its
+  claimant made right after it shows no later instant (:meth:`~cowrite.format.table.Table._claim`), and
+  a completed file stays. A listing is no snapshot: one may miss an instant claimed while it ran, and show
+  a later one; but that claim was listed by its claimant after the load before had ended, so it sorts
+  after the newest completed instant that load showed.
+
+Below the start point only completed instants remain, and only archival removes those: a tail keeps them
+until the next full listing (every :data:`TAILS_BETWEEN_FULL` tails, and after a file a listing showed was
+found gone, :func:`forget`). A write that meets such an instant lists again in full
+(:meth:`~cowrite.format.fs_view.FileSystemView.build`); everything else loads in full.
 """
 
 from __future__ import annotations
@@ -12,7 +30,7 @@ import logging
 import weakref
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from itertools import compress
 from operator import attrgetter, is_, itemgetter
@@ -27,6 +45,8 @@ log = logging.getLogger(__name__)
 TIMELINE_DIR = ".hoodie/timeline"
 # Archival moves old instants' timeline files into JSON files here (see cowrite.cleaner.archive).
 ARCHIVE_DIR = ".hoodie/.cowrite/archive"
+# Tails (see above) between full listings: what keeps archived instants from piling up in a writer's view.
+TAILS_BETWEEN_FULL = 32
 
 
 @dataclass(frozen=True)
@@ -115,16 +135,26 @@ class Timeline:
         return timeline
 
     @classmethod
-    def load(cls, storage: Storage) -> Timeline:
-        """List the timeline directory. Files that are not instants are skipped with a warning.
+    def load(cls, storage: Storage, tail: bool = False) -> Timeline:
+        """List the timeline directory. Files that are not instants are skipped with a warning. With
+        ``tail``, on an object store, only the names after the start point are listed (*Tails* above):
+        what it shows may still hold completed instants archived since the last full listing.
 
         Writers load the timeline several times per commit, mostly under the table lock, and timeline
         files are only ever added until a rollback or archival removes some: so only names the previous
         load of the same storage did not see are parsed, and a removal starts afresh.
         """
-        names = storage.watched_names(TIMELINE_DIR)
         previous = _loads.get(storage)
+        start = previous.start if tail and previous is not None and storage.lists_tails else None
+        if start is None or previous is None or previous.tails >= TAILS_BETWEEN_FULL:
+            names, start, tails = storage.watched_names(TIMELINE_DIR), None, 0
+        else:
+            kept = frozenset(name for name in previous.names if name < start)
+            names = kept | {info.name for info in storage.list_after(TIMELINE_DIR, start)}
+            tails = previous.tails + 1
         if previous is not None and (previous.names is names or previous.names == names):
+            if tails != previous.tails:
+                _loads[storage] = replace(previous, tails=tails)
             return previous.timeline
         if previous is not None and previous.names <= names:
             latest, shared, new = dict(previous.latest), set(previous.shared), names - previous.names
@@ -139,8 +169,18 @@ class Timeline:
             if instant is not None:
                 _keep_latest(latest, instant, shared)
         timeline = cls._of_sorted(_in_order(latest))
-        _loads[storage] = _Load(names, latest, frozenset(shared), timeline)
+        newest = timeline.completed().last
+        newest_completed = newest.requested_time if newest is not None else None
+        start = _start_point(timeline, previous)
+        _loads[storage] = _Load(names, latest, frozenset(shared), timeline, newest_completed, start, tails)
         return timeline
+
+    @classmethod
+    def forget(cls, storage: Storage) -> None:
+        """Make the next :meth:`load` of ``storage`` list in full: a file a listing showed is gone."""
+        previous = _loads.get(storage)
+        if previous is not None:
+            _loads[storage] = replace(previous, start=None)
 
     @classmethod
     def last_listed(cls, storage: Storage) -> Timeline:
@@ -293,6 +333,17 @@ class _Load:
     latest: dict[str, Instant]  # requested time -> the instant in its latest state
     shared: frozenset[str]  # times listed with two actions
     timeline: Timeline
+    newest_completed: str | None  # the requested time of the newest completed instant
+    start: str | None  # where the next tail starts (None: it lists in full)
+    tails: int  # tails since the last full listing
+
+
+def _start_point(timeline: Timeline, previous: _Load | None) -> str | None:
+    """The start point of the tail after a load of ``timeline`` that came after ``previous`` (*Tails*)."""
+    if previous is None or previous.newest_completed is None:
+        return None
+    oldest_pending = timeline.pending().first
+    return min(previous.newest_completed, *([oldest_pending.requested_time] if oldest_pending else []))
 
 
 _loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()

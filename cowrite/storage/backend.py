@@ -75,6 +75,9 @@ class Storage:
     # How coarse the modification times it keeps are, in seconds: FileInfo.modified adds it to the time
     # kept, the start of such a span, to give the span's end.
     clock_resolution = 0.0
+    # Whether list_after is one request for a directory's tail (object stores), which a timeline that a
+    # writer lists again and again is worth listing that way (cowrite.format.timeline, Tails).
+    lists_tails = False
 
     def __init__(
         self, fs: AbstractFileSystem, root: str, uri: str, options: dict[str, Any] | None = None
@@ -445,6 +448,7 @@ class S3Storage(Storage):
     would cost a listing of every partition)."""
 
     clock_resolution = 1.0  # S3 gives modification times in whole seconds, cut down
+    lists_tails = True
 
     def portable_options(self) -> dict[str, Any]:
         return s3.portable_options(self.fs, self.options)

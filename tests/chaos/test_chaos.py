@@ -523,7 +523,7 @@ def test_a_claim_the_listing_after_it_cannot_confirm_is_withdrawn_at_once(
     LocalWriter(table).insert(rows(["a"]))
     before = table.timeline()
 
-    def listing_fails(storage: Storage) -> Timeline:
+    def listing_fails(storage: Storage, tail: bool = False) -> Timeline:
         raise StorageError("injected: list .hoodie/timeline failed")
 
     monkeypatch.setattr(Timeline, "load", listing_fails)

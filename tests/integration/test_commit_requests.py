@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 from support import hudi_rs
@@ -23,13 +23,14 @@ from support.servers import S3Server
 from support.tables import new_table, rows
 
 from cowrite import process
-from cowrite.cleaner import service_lock
+from cowrite.cleaner import archive, service_lock
 from cowrite.errors import StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.fs_view import EarlyListing
+from cowrite.format.fs_view import EarlyListing, FileSystemView
 from cowrite.format.instant import Instant, State
 from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
 from cowrite.local import read
 from cowrite.local import writer as local_writer
 from cowrite.local.writer import LocalWriter
@@ -388,3 +389,75 @@ def test_a_writer_lists_the_timeline_under_the_lock_when_a_turn_left_no_usable_n
     expected = [{"id": "a", "part": "p0", "ts": 5, "value": "after"}, {"id": "b", "part": "p0", "ts": 1,
                 "value": "v"}, {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+def file_names(timeline: Timeline) -> list[str]:
+    return [i.file_name for i in timeline]
+
+
+def test_a_writer_lists_only_the_tail_of_the_timeline_from_its_third_listing(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """A rival's claim is pending while the writer lists: the writer's next listing after its claim starts
+    no later than that claim (the oldest pending), and none starts before the newest commit its first
+    listing showed: the history below is not listed again. They show what a listing in full shows, the
+    rival's commit completed included."""
+    history = [LocalWriter(table).upsert(rows([f"h{n}"], part="elsewhere")) for n in range(6)]
+    assert history[-1] is not None
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["w0"], part="w"))
+    pending: list[str] = []
+
+    def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
+        if step is Step.PLANNED and instant is not None and not pending:
+            pending.append(instant)
+            writer.upsert(rows(["w1"], part="w"))  # lists while the rival's claim is pending
+
+    with observe(meanwhile):
+        rival.upsert(rows(["r0"], part="r"))
+    proxy.reset()
+    writer.upsert(rows(["w2"], part="w"))
+    writer.upsert(rows(["w3"], part="w"))
+    listed = [r for r in proxy.reset() if r.client == "writer" and what(r) == ("LIST", "timeline")]
+    starts = [parse_qs(urlsplit(r.path).query).get("start-after", [""])[0].rsplit("/", 1)[-1] for r in listed]
+    assert len(starts) == 2 and starts[0] <= pending[0] and min(starts) >= history[-1].requested_time, starts
+    full = Table.load(table.uri, **table.storage.options).timeline()  # another storage: listed in full
+    assert file_names(writer.table.timeline(tail=True)) == file_names(full)
+    assert len(full.data_commits().completed()) == 12 and not full.pending()
+    assert as_rows(read.snapshot(table)) == hudi_rs.snapshot(table.uri, table.storage.options)
+    assert {r["id"] for r in as_rows(read.snapshot(table))} == {"a", "b", "r0"} | {
+        f"h{n}" for n in range(6)
+    } | {f"w{n}" for n in range(4)}
+
+
+def test_a_write_that_builds_on_a_commit_archived_since_its_tail_listing_lists_in_full_and_commits(
+    table: Table,
+) -> None:
+    """Archival removes instants below a writer's start point, where its tail listings do not look: the
+    writer still holds the commit that wrote p0's file group, archived since. A view for a write on that
+    timeline finds the commit gone, lists the timeline in full and builds on the file group, as on any
+    archived commit's; the writer's upsert into p0 commits."""
+    built_on = table.timeline().data_commits().first
+    assert built_on is not None
+    LocalWriter(table).upsert(rows(["e"], part="elsewhere"))  # newer: what a writer reads for the schema
+    writer = LocalWriter(Table.load(table.uri, **table.storage.options))  # has not read the p0 commit
+    for n in range(4):
+        writer.upsert(rows([f"h{n}"], part="elsewhere"))
+    service = Table.load(table.uri, **table.storage.options)
+    archived = archive(service, service_lock(service), keep_min=2, keep_max=2)
+    assert archived is not None and built_on.requested_time in archived.instants
+    kept = writer.table.timeline(tail=True)
+    assert built_on in kept  # the tail does not show the archival
+
+    view = FileSystemView.build(writer.table, kept, partitions=["p0"], for_write=True)
+    assert [b.instant_time for b in view.latest_base_files()] == [built_on.requested_time]
+    writer.upsert(rows(["a"], ts=2, value="again"))
+    assert built_on not in writer.table.timeline(tail=True)
+    expected = [
+        {"id": "a", "part": "p0", "ts": 2, "value": "again"},
+        {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+    ] + [{"id": n, "part": "elsewhere", "ts": 1, "value": "v"} for n in ["e", "h0", "h1", "h2", "h3"]]
+    snapshot = as_rows(read.snapshot(table))
+    assert sorted(snapshot, key=lambda r: r["id"]) == sorted(expected, key=lambda r: r["id"])
+    assert snapshot == hudi_rs.snapshot(table.uri, table.storage.options)
