@@ -103,8 +103,8 @@ class FileSystemView:
         ``timeline`` showed that was archived since raises :class:`InstantGoneError` (a view ``for_write``
         lists the timeline in full instead and leaves the archived instants out: their files count as
         committed); the timeline listed here is listed once more instead (:meth:`Table.read_timeline`).
-        ``early``, the same partitions
-        listed before ``timeline``, replaces the listing when it holds every file the view can show.
+        ``early``, the same partitions listed before ``timeline``, replaces the listing when it holds every
+        file the view can show.
         """
         if timeline is None:
             wanted = None if partitions is None else tuple(partitions)  # may be read twice

@@ -19,7 +19,7 @@ keeps from the last load those before it. The start point is the older of
 
 Below the start point only completed instants remain, and only archival removes those: a tail keeps them
 until the next full listing (every :data:`TAILS_BETWEEN_FULL` tails, and after a file a listing showed was
-found gone, :func:`forget`). A write that meets such an instant lists again in full
+found gone, :meth:`Timeline.forget`). A write that meets such an instant lists again in full
 (:meth:`~cowrite.format.fs_view.FileSystemView.build`); everything else loads in full.
 """
 
@@ -145,12 +145,12 @@ class Timeline:
         load of the same storage did not see are parsed, and a removal starts afresh.
         """
         previous = _loads.get(storage)
-        start = previous.start if tail and previous is not None and storage.lists_tails else None
-        if start is None or previous is None or previous.tails >= TAILS_BETWEEN_FULL:
-            names, start, tails = storage.watched_names(TIMELINE_DIR), None, 0
+        after = previous.start if tail and previous is not None and storage.lists_tails else None
+        if after is None or previous is None or previous.tails >= TAILS_BETWEEN_FULL:
+            names, tails = storage.watched_names(TIMELINE_DIR), 0
         else:
-            kept = frozenset(name for name in previous.names if name < start)
-            names = kept | {info.name for info in storage.list_after(TIMELINE_DIR, start)}
+            kept = frozenset(name for name in previous.names if name < after)
+            names = kept | {info.name for info in storage.list_after(TIMELINE_DIR, after)}
             tails = previous.tails + 1
         if previous is not None and (previous.names is names or previous.names == names):
             if tails != previous.tails:
@@ -171,7 +171,7 @@ class Timeline:
         timeline = cls._of_sorted(_in_order(latest))
         newest = timeline.completed().last
         newest_completed = newest.requested_time if newest is not None else None
-        start = _start_point(timeline, previous)
+        start = _start_point(timeline, previous)  # of the next tail
         _loads[storage] = _Load(names, latest, frozenset(shared), timeline, newest_completed, start, tails)
         return timeline
 
