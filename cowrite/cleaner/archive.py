@@ -17,7 +17,10 @@ archived; :func:`~cowrite.format.fs_view.timeline_start`). So archival stops bef
 - an instant that completed after a pending instant was claimed: that writer's conflict check looks only
   at the completed instants it can still see, and would miss it (a lost update);
 - the instant holding the latest requested or completion time: new times are taken above those on the
-  timeline, and must never repeat or go back.
+  timeline, and must never repeat or go back;
+- an instant whose time another action's files share: a claim withdrawn but left behind hides there
+  (:func:`~cowrite.cleaner.rollback.remove_withdrawn_claims` removes it first), and would stay alone,
+  a pending instant at the time of an archived one.
 
 A consumer whose checkpoint is older than an archived commit can no longer pull it;
 :func:`cowrite.local.read.pull` says so (:class:`~cowrite.errors.CheckpointArchivedError`).
@@ -48,7 +51,8 @@ class Archived:
 
 
 def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -> list[Instant]:
-    """The oldest completed instants that may leave the active timeline now, oldest first."""
+    """The oldest completed instants that may leave the active timeline now, oldest first; ``timeline`` is
+    the last one this process listed (:meth:`Timeline.load`)."""
     commits = timeline.data_commits()
     if len(commits) <= keep_max:
         return []
@@ -61,6 +65,7 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
     # latest of each stay, or times could repeat, or go back, after archival.
     latest_requested = max(i.requested_time for i in timeline)
     latest_completion = timeline.latest_completion_time
+    shared = Timeline.shared_times(table.storage)  # of the listing ``timeline`` came from
     chosen: list[Instant] = []
     for instant in timeline:
         if not instant.is_completed:
@@ -70,6 +75,8 @@ def archivable(table: Table, timeline: Timeline, keep_min: int, keep_max: int) -
         if instant.requested_time not in seen:
             break
         if instant.requested_time == latest_requested or instant.completion_time == latest_completion:
+            break
+        if instant.requested_time in shared:
             break
         if instant.action is Action.REPLACE_COMMIT:
             if live_groups is None:

@@ -361,6 +361,30 @@ def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
     assert table.storage.exists(f"{TIMELINE_DIR}/{clash}.clean.inflight")
 
 
+def test_archival_leaves_a_time_shared_with_a_claim_left_behind_until_the_claim_is_removed(
+    table: Table,
+) -> None:
+    """A table service's claim at the time of a commit, withdrawn, could not be deleted: the timeline hides
+    it behind the commit. Archival took the commit and left the claim alone at its time, a pending instant
+    at the time of an archived commit, which the rollback pass then rolled back as a failed write. Archival
+    stops before that time until the rollback pass has removed the claim."""
+    first = LocalWriter(table).insert(rows(["a"]))
+    shared = LocalWriter(table).insert(rows(["b"]))
+    for key in ("c", "d", "e"):
+        LocalWriter(table).insert(rows([key]))
+    leftover = Instant(shared.requested_time, Action.REPLACE_COMMIT, State.REQUESTED)
+    table.storage.write(table.instant_path(leftover), b"")
+
+    archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
+    assert archived is not None and archived.instants == (first.requested_time,)
+    assert remove_withdrawn_claims(table) == [leftover]
+    archived = archive(table, service_lock(table), keep_min=1, keep_max=1)
+    assert archived is not None and archived.instants[0] == shared.requested_time
+    names = table.storage.names(TIMELINE_DIR)
+    assert not [n for n in names if n.startswith(shared.requested_time)]
+    assert sorted(read.snapshot(table).column("id").to_pylist()) == ["a", "b", "c", "d", "e"]
+
+
 def test_a_claimant_whose_claim_was_removed_before_it_listed_claims_again(
     table: Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
