@@ -198,7 +198,6 @@ class Table:
     def still_listed(self, timeline: Timeline) -> Timeline:
         """``timeline`` without the completed instants a listing in full no longer shows: those archived
         since (a tail's view may hold some). Lists the timeline."""
-        Timeline.forget(self.storage)
         now = self.timeline()
         return Timeline(i for i in timeline if not i.is_completed or now.get(i.requested_time) is not None)
 

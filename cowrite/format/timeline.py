@@ -343,7 +343,9 @@ def _start_point(timeline: Timeline, previous: _Load | None) -> str | None:
     if previous is None or previous.newest_completed is None:
         return None
     oldest_pending = timeline.pending().first
-    return min(previous.newest_completed, *([oldest_pending.requested_time] if oldest_pending else []))
+    if oldest_pending is None:
+        return previous.newest_completed
+    return min(previous.newest_completed, oldest_pending.requested_time)
 
 
 _loads: weakref.WeakKeyDictionary[Storage, _Load] = weakref.WeakKeyDictionary()
