@@ -633,7 +633,9 @@ def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
     # The contender's first listing is the stale one; every later one is fresh.
     real_scan = filesystem.scan
     views = iter([lock_files.files_named(stale_view)])
-    monkeypatch.setattr(filesystem, "scan", lambda storage: next(views, None) or real_scan(storage))
+    monkeypatch.setattr(
+        filesystem, "scan", lambda storage, *fresh: next(views, None) or real_scan(storage, *fresh)
+    )
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with (
         caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"),
@@ -733,6 +735,34 @@ def test_a_process_takes_its_next_turn_from_its_last_one_without_listing(
     time.sleep(0.1)  # the last turn began half FRESH_VIEW ago or more: the next one is listed
     listings.clear()
     assert fs_lock(s3_storage).turn() == 7 and listings == [LOCK_DIR]
+
+
+def test_a_process_notes_its_turn_from_its_own_recent_listing_of_the_lock_directory(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer whose commit a holder published listed the lock directory as it waited: while that listing
+    began less than half FRESH_VIEW ago, and after the process's own last turn, its next turn is noted from
+    it, with no listing. Older than the process's own last turn, it is not: that turn's create showed
+    more."""
+    monkeypatch.setattr(filesystem, "FRESH_VIEW", 60.0)  # fresh, however slow the machine
+    for rival in (1, 2):  # turns of another process
+        assert s3_storage.create_if_absent(acquired_path(rival), LockHolder(owner="rival").to_bytes())
+        assert s3_storage.create_if_absent(released_path(rival), b"")
+    listings: list[str] = []
+    listed = s3_storage.list
+    monkeypatch.setattr(s3_storage, "list", lambda path: listings.append(path) or listed(path))
+    assert scan(s3_storage).highest == 2  # a waiter's listing
+    listings.clear()
+
+    lock = fs_lock(s3_storage, LockHolder(owner="next-write"))
+    assert (lock.turn(), listings) == (2, [])
+    assert lock.acquire_next(2) and lock.lock_id == 3
+    lock.release()
+    finish_background()
+    listings.clear()
+    # its own turn 3 is the newest view, but the turn after it collects old lock files, so it is listed;
+    # the waiter's listing came before turn 3 and is not taken for one
+    assert fs_lock(s3_storage).turn() == 3 and listings == [LOCK_DIR]
 
 
 def test_collectors_leave_the_files_of_young_locks_on_an_object_store(

@@ -313,12 +313,12 @@ def test_a_waiter_checks_each_commit_a_turn_published_once(table: Table) -> None
     scans = 0
     scan = lock._scan
 
-    def scan_then_release_on_the_third() -> LockFiles:
+    def scan_then_release_on_the_third(fresh_for: float = 0.0) -> LockFiles:
         nonlocal scans
         scans += 1
         if scans == 3:
             holder.release()
-        return scan()
+        return scan(fresh_for)
 
     lock._scan = scan_then_release_on_the_third  # type: ignore[method-assign]
     config = table.config.with_values({"hoodie.write.lock.wait_time_ms": "10000", **_NO_KEY_CHECK})

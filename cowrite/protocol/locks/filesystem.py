@@ -198,19 +198,19 @@ class FileSystemLock(TableLock):
         return False
 
     def turn(self) -> int | None:
-        """The id of the last lock released: lock ids name the turns. One listing, or on an object store
-        none where this process's own last turn began less than half :data:`FRESH_VIEW` ago (its create
-        then showed that no later turn existed, and a later one is not collected that soon), unless the turn
-        after it collects old lock files: that one is noted from a listing, which leaves it to a waiter
-        queued for it, so a process that lists nothing overtakes such a waiter for a few turns at most."""
-        self._notes = {}
-        own = last_turn(self.storage.uri) if self.storage.round_trips else None
-        if own is not None:
+        """The id of the last lock released: lock ids name the turns. From a listing, on an object store
+        one of this process's begun less than half :data:`FRESH_VIEW` ago and after its own last turn (a
+        view older than the note notes no later a turn), or that turn if it began that recently (its
+        create showed no later turn, and a later one is not collected that soon) unless the next collects
+        old lock files: that one is noted from a listing, which leaves it to a waiter queued for it."""
+        self._notes, fresh_for = {}, FRESH_VIEW / 2
+        if (own := last_turn(self.storage.uri) if self.storage.round_trips else None) is not None:
             lock_id, began = own
-            if (lock_id + 1) % _KEPT_ON_RELEASE and time.monotonic() - began < FRESH_VIEW / 2:
+            if (lock_id + 1) % _KEPT_ON_RELEASE and time.monotonic() - began < fresh_for:
                 self._view_at, self._free_after = began, lock_id
                 return lock_id
-        files = self._scan()
+            fresh_for = min(fresh_for, time.monotonic() - began)
+        files = self._scan(fresh_for)
         if files.is_held(files.highest) and not releasing(self.storage.uri, files.highest):
             self._free_after = None
             return files.highest - 1  # a lock is taken only after the one before it was released
@@ -393,9 +393,9 @@ class FileSystemLock(TableLock):
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
 
-    def _scan(self) -> LockFiles:
-        """List the lock directory, keeping the notes it shows for :meth:`published_since`."""
-        files = self._last = scan(self.storage)
+    def _scan(self, fresh_for: float = 0.0) -> LockFiles:
+        """:func:`.lock_files.scan`, keeping the notes it shows for :meth:`published_since`."""
+        files = self._last = scan(self.storage, fresh_for)
         self._view_at = files.listed_at
         self._notes.update(files.published)
         return files

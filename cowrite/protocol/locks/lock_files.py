@@ -146,9 +146,22 @@ class LockFiles:
         return next((n for notes in self.published.values() for n in notes if n.startswith(completed)), None)
 
 
-def scan(storage: Storage) -> LockFiles:
+_LAST_LISTED: dict[str, LockFiles] = keep_mapping(
+    "cowrite.protocol.locks.lock_files._LAST_LISTED",
+    {},
+    "one view per table this process listed the lock directory of, on an object store",
+    "the newest listing of each table's lock directory: a writer notes its turn from one still fresh",
+)
+
+
+def scan(storage: Storage, fresh_for: float = 0.0) -> LockFiles:
+    """What the lock directory shows: a listing, or on an object store the newest listing of this process,
+    where it began less than ``fresh_for`` seconds ago."""
     if not storage.round_trips:
         return files_named(storage.watched_names(LOCK_DIR))
+    newest = _LAST_LISTED.get(storage.uri)
+    if newest is not None and time.monotonic() - (newest.listed_at or 0.0) < fresh_for:
+        return newest
     listed_at = time.monotonic()
     return files_listed(storage, storage.list(LOCK_DIR), listed_at)
 
@@ -161,7 +174,10 @@ def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> L
     seen, now = _FIRST_SEEN.get(storage.uri, {}), time.monotonic()
     _FIRST_SEEN[storage.uri] = {i: seen.get(i, now) for i in files.acquired | files.released}
     acquired_at = {i: at for i in files.acquired if (at := created.get((i, False)))}
-    return replace(files, acquired_at=acquired_at, listed_at=listed_at)
+    files = replace(files, acquired_at=acquired_at, listed_at=listed_at)
+    if (newest := _LAST_LISTED.get(storage.uri)) is None or (newest.listed_at or 0.0) < listed_at:
+        _LAST_LISTED[storage.uri] = files
+    return files
 
 
 def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[str], list[str]]:
