@@ -31,10 +31,11 @@ from cowrite.errors import CowriteError, InstantGoneError, TxnAlreadyCommittedEr
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import EarlyListing, FileSystemView, timeline_start
-from cowrite.format.instant import Instant, State
+from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
+from cowrite.protocol.sketch import leaves_alone, noted_sketch
 from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import committing_instant
@@ -101,12 +102,14 @@ class LocalWriter:
         known = knew.completed_times
         early: list[EarlyListing] = []
         drafts: list[Draft] = []
-        written: list[CommitMetadata] = []
+        written: list[tuple[CommitMetadata, Draft, frozenset[str]]] = []
+        kept = self._listed  # the files of these partitions as this process's last write left them
+        if kept is not None and (held.partitions is None or kept.partitions != tuple(held.partitions)):
+            kept = None
 
         def list_early() -> None:  # beside the claim; a failure only costs the listing after it
-            listed, self._listed = self._listed, None
-            if listed is not None and listed.partitions == tuple(held.named_partitions):
-                early.append(listed)  # what this process knows needs no request: the timeline confirms it
+            if kept is not None:
+                early.append(kept)  # what this process knows needs no request: the timeline confirms it
                 return
             try:
                 early.append(EarlyListing.take(self.table, held.named_partitions, known))
@@ -128,15 +131,18 @@ class LocalWriter:
             return drafts[0].plan
 
         def write(transaction: Transaction) -> CommitMetadata:
-            # Listing early serves when nobody else completed a commit since this process last looked
-            # (a lone writer): else it is listed again, and the next write does not list early.
-            self._list_early = transaction.begin_timeline.data_commits().completed_times <= known
+            # Listing early serves when the commits completed since this process last looked wrote
+            # nothing in these partitions (a lone writer, or writers of other partitions whose notes say
+            # so): else they are listed again, and the next write lists them after the timeline only.
+            begun, listed = transaction.begin_timeline, early[0] if early else kept
+            apart = self._apart(begun, listed)
+            self._list_early = completed(begun) <= known | apart
             ready = drafts[0] if drafts and transaction.planned is not None else None
-            written.append(self._write_files(transaction, held, early[0] if early else None, ready))
-            return written[0]
+            listing = replace(listed, known=listed.known | apart) if listed else None
+            written.append((*self._write_files(transaction, held, listing, ready, apart), apart))
+            return written[0][0]
 
-        listing = self._list_early and held.partitions is not None
-        self._listed = self._listed if listing else None  # kept only while writes list early
+        listing = held.partitions is not None and self._list_early
         done = write_instant(
             self.table,
             held.operation.value,
@@ -146,20 +152,50 @@ class LocalWriter:
             alongside=list_early if listing else None,
             draft=draft if listing else None,
         )
-        if self._list_early and early:  # it held: the next write, if it finds the same, need not list
-            self._listed = early[0].after(done, written[0].write_stats)
+        self._listed = None
+        if not written:
+            return done
+        metadata, used, apart = written[0]
+        if used.listing is not None:  # what the next write of these partitions needs not list
+            after = replace(used.listing, known=used.listing.known | apart)
+            self._listed = after.after(done, metadata.write_stats)
         return done
+
+    def _apart(self, begun: Timeline, listing: EarlyListing | None) -> frozenset[str]:
+        """The commits completed on ``begun`` that ``listing`` does not know of and that, by the sketches
+        their notes name, wrote nothing in its partitions (replacecommits are never counted)."""
+        if listing is None:
+            return frozenset()
+        groups = [f"{f.partition}/{f.file_id}" for f in listing.files]
+        return frozenset(
+            i.requested_time
+            for i in begun.data_commits()
+            if i.action is Action.COMMIT
+            and i.requested_time not in listing.known
+            and (sketch := noted_sketch(self.table.storage, i)) is not None
+            and leaves_alone(sketch, listing.partitions, groups)
+        )
 
     def _draft(self, instant: str, held: HeldInput, begun: Timeline, early: EarlyListing | None) -> Draft:
         """What ``held`` writes as ``instant`` on the table as of ``begun``: its rows by file group, and the
         plan naming every base file it may create."""
-        table, operation = self.table, held.operation
+        table, operation, partitions = self.table, held.operation, held.partitions
         views: list[FileSystemView] = []
-        build = partial(
-            FileSystemView.build, table, begun, partitions=held.partitions, for_write=True, early=early
-        )
+        if early is not None and not early.holds(begun, partitions):
+            early = None  # listed afresh, once the timeline was: kept for the next write
+
+        def build() -> None:
+            listing = early
+            if listing is None and partitions is not None:
+                listing = EarlyListing.take(table, partitions, completed(begun))
+            views.append(
+                FileSystemView.build(table, begun, partitions=partitions, for_write=True, early=listing)
+            )
+            listings.append(listing)
+
+        listings: list[EarlyListing | None] = []
         # the files are listed beside reading the schema as of begin: one round trip for both
-        current = beside(table.storage, partial(held.at, table, begun), lambda: views.append(build()))
+        current = beside(table.storage, partial(held.at, table, begun), build)
         view, incoming, lookup_all = views[0], current.prepared, current.lookup_all
         known_partitions = current.named_partitions
         replaced: dict[str, tuple[str, ...]] = {}
@@ -189,11 +225,14 @@ class LocalWriter:
         merge = operation is not Operation.INSERT
         works = [to_work(bucket, instant, task, merge) for task, bucket in enumerate(buckets)]
         schema = commit_schema(
-            table, current.schema, incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
+            table,
+            current.schema,
+            incoming.drop_columns([RECORD_KEY, PARTITION_PATH]).schema,
             delete=operation is Operation.DELETE,
         )
         plan = self._metadata(operation, [planned_stat(w) for w in works], replaced, schema)
-        return Draft(Draft.basis_of(table, begun), operation, tagged, buckets, works, replaced, schema, plan)
+        basis = Draft.basis_of(table, begun)
+        return Draft(basis, operation, tagged, buckets, works, replaced, schema, plan, listings[0])
 
     def _write_files(
         self,
@@ -201,12 +240,14 @@ class LocalWriter:
         held: HeldInput,
         early: EarlyListing | None = None,
         ready: Draft | None = None,
-    ) -> CommitMetadata:
+        apart: frozenset[str] = frozenset(),
+    ) -> tuple[CommitMetadata, Draft]:
         """Plan the write on the timeline it begins on, unless ``ready`` (the plan written beside that
-        timeline's listing) was made on one with the same basis; then write its files."""
+        timeline's listing) was made on one with the same basis, but for the commits ``apart`` from its
+        partitions; then write its files. Returns what it wrote, and the plan it followed."""
         table, instant = self.table, transaction.instant_time
         draft = ready
-        if draft is None or draft.basis != Draft.basis_of(table, transaction.begin_timeline):
+        if draft is None or draft.basis != Draft.basis_of(table, transaction.begin_timeline, apart):
             draft = self._draft(instant, held, transaction.begin_timeline, early)
             transaction.plan(draft.plan)
         operation, tagged = draft.operation, draft.tagged
@@ -241,7 +282,7 @@ class LocalWriter:
             new = tagged if FILE_ID not in tagged.column_names else tagged.filter(pc.is_null(tagged[FILE_ID]))
             pairs = zip(new[PARTITION_PATH].to_pylist(), new[RECORD_KEY].to_pylist(), strict=True)
             done = replace(done, extra={INSERTED_KEYS: KeySummary.of(pairs).to_json()})
-        return done
+        return done, draft
 
     def _metadata(
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str
@@ -255,7 +296,7 @@ class Draft:
     ``basis``: what of that timeline the plan rests on (:meth:`basis_of`); on another timeline with the
     same basis the write would plan the same."""
 
-    basis: tuple[frozenset[str], str | None]
+    basis: tuple[frozenset[str], str | None, str]
     operation: Operation
     tagged: pa.Table
     buckets: list[Bucket]
@@ -263,12 +304,21 @@ class Draft:
     replaced: dict[str, tuple[str, ...]]
     schema: str
     plan: CommitMetadata
+    listing: EarlyListing | None  # the files of its partitions its view was built from
 
     @staticmethod
-    def basis_of(table: Table, timeline: Timeline) -> tuple[frozenset[str], str | None]:
-        """The completed commits, whose files a write's view shows and whose newest holds the table's
-        schema, and where the timeline starts (files before it count as committed, archived)."""
-        return timeline.data_commits().completed_times, timeline_start(table, timeline)
+    def basis_of(
+        table: Table, timeline: Timeline, apart: frozenset[str] = frozenset()
+    ) -> tuple[frozenset[str], str | None, str]:
+        """The completed commits, whose files a write's view shows, but those ``apart`` from its
+        partitions; where the timeline starts (files before it count as committed, archived); and the
+        table's schema."""
+        commits = completed(timeline) - apart
+        return commits, timeline_start(table, timeline), latest_schema(table, timeline)
+
+
+def completed(timeline: Timeline) -> frozenset[str]:
+    return timeline.data_commits().completed_times
 
 
 @dataclass

@@ -12,9 +12,6 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from cowrite.errors import ConfigError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import open_base_file
@@ -127,6 +124,11 @@ def with_inserted_keys(table: Table, metadata: CommitMetadata, instant_time: str
 
 
 def _keys_written(table: Table, metadata: CommitMetadata, instant_time: str) -> set[tuple[str, str]]:
+    # imported here: the daemon, which reads what commits carry through this module's callers, loads no
+    # dataframe engine (only a commit without a summary of its keys is read this way)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     keys: set[tuple[str, str]] = set()
     for stat in metadata.write_stats:
         with open_base_file(table.storage, stat.path) as stream:

@@ -17,14 +17,17 @@ A filter never says "no" for a member, so the sketch rules out only what the com
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.instant import Instant
+from cowrite.format.table import Table
+from cowrite.protocol.carried import TXNS_KEY, Carried, carried, digest, known
 from cowrite.protocol.conflict import INSERTING, ConflictStrategy, file_group_overlap, inserted_keys
 from cowrite.protocol.key_summary import Bloom
-from cowrite.protocol.txn import TXNS_KEY
+from cowrite.protocol.locks.lock_files import noted
+from cowrite.storage.backend import Storage
 
 MARK = ".sketch-"  # between the completed file's name and its sketch in a note
 # A filter of more members is not sketched (rivals read the commit): a note's name stays under 255 bytes.
@@ -78,6 +81,33 @@ def parse(noted: str) -> tuple[str, Sketch | None]:
     return name, Sketch.from_text(text) if mark else None
 
 
+def noted_sketch(storage: Storage, commit: Instant) -> Sketch | None:
+    """The sketch the note of the completed ``commit`` names, if a lock listing of this process showed it."""
+    note = noted(storage, commit.requested_time)
+    if note is None:
+        return None
+    name, sketch = parse(note)
+    return sketch if name == commit.file_name else None
+
+
+def carried_by(table: Table, commit: Instant) -> Carried:
+    """What the completed data ``commit`` carries: known from its note when this process knows the digest
+    it names (it computed that digest for a commit of its own, or read a commit carrying the same),
+    else read from the commit."""
+    sketch = noted_sketch(table.storage, commit)
+    return known(sketch.carried if sketch else None) or carried(table.commit_metadata(commit))
+
+
+def leaves_alone(sketch: Sketch, partitions: Iterable[str], groups: Iterable[str]) -> bool:
+    """Whether a commit of ``sketch`` wrote no file in ``partitions``, whose file groups (``partition/file
+    id``) are ``groups`` as far as a listing showed: it touched none of them and inserted no record key
+    there (a new file group is made only for inserted keys). A data commit only, not a replacecommit."""
+    if sketch.groups is None or sketch.inserted is None:
+        return False
+    touched = any(name in sketch.groups for name in groups)
+    return not touched and not any(partition in sketch.inserted for partition in partitions)
+
+
 def clearing(
     strategy: ConflictStrategy, mine: CommitMetadata, carried: str, schema: str, key_check: bool
 ) -> Clears | None:
@@ -101,10 +131,6 @@ def clearing(
         )
 
     return clears
-
-
-def digest(txns: str, schema: str) -> str:
-    return hashlib.blake2b(f"{txns}\0{schema}".encode(), digest_size=8).hexdigest()
 
 
 def _group_names(groups: Iterable[tuple[str, str]]) -> list[str]:

@@ -33,6 +33,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import HeldLock, Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks import TableLock
+from cowrite.protocol.sketch import carried_by
 from cowrite.protocol.txn import CommittedTxns
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,10 @@ Rebase = Callable[[str, str], str]
 
 
 def latest_schema(table: Table, timeline: Timeline) -> str:
-    """The Avro schema (JSON) the table had as of ``timeline``; "" for an empty table without one."""
+    """The Avro schema (JSON) the table had as of ``timeline``; "" for an empty table without one. Reads
+    the newest data commit, unless its note names what it carries (:func:`.sketch.carried_by`)."""
     for commit in reversed(timeline.data_commits().in_completion_order()):
-        recorded = table.commit_metadata(commit).schema
+        recorded = carried_by(table, commit).schema
         if recorded:
             return recorded
     return table.config.get(keys.TABLE_CREATE_SCHEMA)

@@ -28,8 +28,9 @@ from cowrite.errors import ConfigError, CorruptTimelineError, TxnAlreadyCommitte
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline, archived
+from cowrite.protocol.carried import TXNS_KEY
+from cowrite.protocol.sketch import carried_by
 
-TXNS_KEY = "cowrite.txns"  # the carried map, in every data commit cowrite publishes
 TXN_APP_ID_KEY = "cowrite.txn.app.id"  # the write's own application id and version, when it has them
 TXN_VERSION_KEY = "cowrite.txn.version"
 
@@ -93,13 +94,14 @@ class CommittedTxns:
     def of(cls, table: Table, timeline: Timeline) -> CommittedTxns:
         """The map of the data commit of ``timeline`` that completed last and carries :data:`TXNS_KEY`,
         or an empty one when none does. Reads commits newest first and stops at the first that carries
-        it: one file, unless newer commits were written by writers that do not carry it.
+        it: one file, unless newer commits were written by writers that do not carry it; none where its
+        note names what it carries (:func:`~cowrite.protocol.sketch.carried_by`).
 
         Raises :class:`CorruptTimelineError` for a commit whose map cannot be read (a write that goes on
         could forget every application's version), and what reading a commit raises.
         """
         for instant in _newest_first(timeline.data_commits()):
-            text = table.commit_metadata(instant).extra.get(TXNS_KEY)
+            text = carried_by(table, instant).txns
             if text is not None:
                 return cls.from_json(text, table.storage.full_path(table.instant_path(instant)))
         return cls()

@@ -43,6 +43,7 @@ from cowrite.protocol.sketch import MARK
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.protocol.txn import TXNS_KEY, Txn
 from cowrite.steps import Step, observe
+from cowrite.storage.together import finish_background
 
 NO_RETRY = {keys.RETRIES_ON_CONFLICT.key: "0"}
 
@@ -197,7 +198,7 @@ def test_a_listing_beside_the_claim_that_missed_a_commit_is_made_again(
     """A rival's commit completes between the partition listing a writer made beside its claim and the
     timeline it lists after: the timeline shows the commit, the listing lacks its file. The writer lists
     the partition again and builds on that file — built on the listing, it would drop the rival's key.
-    Its next write, since another writer is about, lists after the timeline only."""
+    Its next write lists no partition: it knows p0's files from that listing, and nobody committed since."""
     writer = LocalWriter(through(table, proxy, "writer"))
     rival = LocalWriter(through(table, proxy, "rival"))
     writer.upsert(rows(["z"], part="p9"))
@@ -231,9 +232,9 @@ def test_a_listing_beside_the_claim_that_missed_a_commit_is_made_again(
     assert [i for i in table.timeline() if not i.is_completed] == []
     writer.upsert(rows(["d"], ts=2, value="writer"))
     mine = [r for r in proxy.reset() if r.client == "writer"]
-    [timeline] = [r for r in mine if what(r) == ("LIST", "timeline")]
-    [partition] = [r for r in mine if what(r) == ("LIST", "p0")]
-    assert partition.began >= timeline.ended
+    assert [what(r) for r in mine if r.kind in ("LIST", "GET")] == [("LIST", "timeline")]
+    expected.insert(3, {"id": "d", "part": "p0", "ts": 2, "value": "writer"})
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
 def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_new_commit(
@@ -265,6 +266,41 @@ def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_n
     inflight = table.instant_path(Instant(done.requested_time, done.action, State.INFLIGHT))
     plan = CommitMetadata.from_bytes(table.storage.read(inflight), inflight)
     assert [s.path for s in plan.write_stats] == [s.path for s in table.commit_metadata(done).write_stats]
+
+
+def test_a_writer_lists_no_partition_when_the_notes_say_the_commits_since_left_it_alone(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """A rival commits to another partition after the writer's last write, and a listing of the lock
+    directory in the writer's process (a waiter's, say) shows the rival's note: its sketch says the commit
+    touched none of p0's file groups, inserted no key into p0 and carried the map and schema the writer
+    knows. The writer's next upsert into p0 lists no partition and reads no commit. A rival that then
+    updates a key in p0's file group is not left out: the writer lists p0 again and builds on the rival's
+    file (built on what it knew, it would take the rival's update back)."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["c"], ts=2, value="writer"))  # the writer knows p0's files from here on
+
+    def rival_commits(data: Any) -> None:
+        rival.upsert(data)
+        finish_background()  # its release: the note
+        scan(writer.table.storage)  # the writer's process sees it
+        proxy.reset()
+
+    rival_commits(rows(["r"], part="p9", value="rival"))
+    writer.upsert(rows(["d"], ts=2, value="writer"))
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    assert [what(r) for r in mine if r.kind in ("LIST", "GET")] == [("LIST", "timeline")]
+    rival_commits(rows(["a"], ts=3, value="rival"))  # into p0's file group
+    writer.upsert(rows(["b"], ts=3, value="writer"))
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    assert [what(r) for r in mine if r.kind == "LIST"] == [("LIST", "timeline"), ("LIST", "p0")]
+    expected = [{"id": "a", "part": "p0", "ts": 3, "value": "rival"},
+                {"id": "b", "part": "p0", "ts": 3, "value": "writer"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "d", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "r", "part": "p9", "ts": 1, "value": "rival"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(

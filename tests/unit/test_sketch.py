@@ -8,7 +8,7 @@ import pytest
 
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State
-from cowrite.protocol import sketch
+from cowrite.protocol import carried, sketch
 from cowrite.protocol.conflict import Candidate, file_group_overlap, strategy_named
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
 from cowrite.protocol.sketch import MOST_MEMBERS, Sketch
@@ -92,3 +92,23 @@ def test_a_sketch_never_rules_out_a_rival_the_file_group_check_would_fail(seed: 
             ruled_out += 1
             assert not file_group_overlap(mine, [Candidate(RIVAL, theirs)])
     assert ruled_out > 50  # and most disjoint rivals are left unread
+
+
+def test_a_sketch_leaves_a_partition_alone_only_when_the_commit_wrote_nothing_there() -> None:
+    def leaves_p0(theirs: CommitMetadata) -> bool:
+        return sketch.leaves_alone(Sketch.of(theirs), ["p0"], ["p0/f0", "p0/f1"])
+
+    assert leaves_p0(commit([("p1", "f9")], {"p1": ["new"]}))  # another partition only
+    assert leaves_p0(commit([("p1", "f9")], {}))  # an update elsewhere
+    assert not leaves_p0(commit([("p0", "f1")], {}))  # an update of one of its file groups
+    assert not leaves_p0(commit([("p1", "f9")], {"p0": ["new"]}))  # an insert there: a new file group
+    assert not leaves_p0(commit([("p1", "f9")], None))  # what it inserted, only its files tell
+    assert not leaves_p0(commit([("p1", f"f{n}") for n in range(MOST_MEMBERS + 1)], {}))  # not sketched
+
+
+def test_what_a_noted_commit_carries_is_known_once_the_process_computed_its_digest() -> None:
+    txns = '{"app":{"version":7,"instant":"20261127000000001"}}'
+    value = carried.digest(txns, SCHEMA)
+    assert carried.known(value) == carried.Carried(txns, SCHEMA)
+    assert carried.known(carried.digest(NO_TXNS, SCHEMA + " ")) == carried.Carried(NO_TXNS, SCHEMA + " ")
+    assert carried.known("0" * 16) is None and carried.known(None) is None

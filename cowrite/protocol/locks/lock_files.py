@@ -76,6 +76,7 @@ _QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
 # at least the fresh view, and more leaves a margin.
 FRESH_VIEW = 0.5
 COLLECTABLE_AGE = 1.0
+_NOTED_KEPT = 1024  # notes remembered per table: several times what the process's writes look back on
 
 _FIRST_SEEN: dict[str, dict[int, float]] = keep_mapping(
     "cowrite.protocol.locks.lock_files._FIRST_SEEN",
@@ -154,6 +155,20 @@ _LAST_LISTED: dict[str, LockFiles] = keep_mapping(
 )
 
 
+_NOTED: dict[str, dict[str, str]] = keep_mapping(
+    "cowrite.protocol.locks.lock_files._NOTED",
+    {},
+    f"{_NOTED_KEPT} notes per table this process listed the lock directory of, on an object store",
+    "what each note this process's listings showed names, by the requested time of the commit it names",
+)
+
+
+def noted(storage: Storage, requested_time: str) -> str | None:
+    """What the note of the commit of ``requested_time`` names, if a listing of this process showed it
+    (on an object store): its completed file, then maybe a sketch (:mod:`cowrite.protocol.sketch`)."""
+    return _NOTED.get(storage.uri, {}).get(requested_time)
+
+
 def scan(storage: Storage, fresh_for: float = 0.0) -> LockFiles:
     """What the lock directory shows: a listing, or on an object store the newest listing of this process,
     where it began less than ``fresh_for`` seconds ago."""
@@ -177,6 +192,11 @@ def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> L
     files = replace(files, acquired_at=acquired_at, listed_at=listed_at)
     if (newest := _LAST_LISTED.get(storage.uri)) is None or (newest.listed_at or 0.0) < listed_at:
         _LAST_LISTED[storage.uri] = files
+    # replaced, not changed in place: listings run on several threads, and a note lost to a race only
+    # costs a write a listing of its partitions
+    notes = {**_NOTED.get(storage.uri, {})}
+    notes.update((name.partition("_")[0], name) for names in files.published.values() for name in names)
+    _NOTED[storage.uri] = dict(list(notes.items())[-_NOTED_KEPT:])
     return files
 
 
