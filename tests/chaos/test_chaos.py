@@ -152,7 +152,8 @@ def staged(
     writer = LocalWriter(table, options)
     held = HeldInput.of(table, data, operation)
     transaction = Transaction.begin(table, operation.value, operation.action, writer.options)
-    return transaction, writer._write_files(transaction, held)
+    metadata, _ = writer._write_files(transaction, held)
+    return transaction, metadata
 
 
 def test_archival_keeps_a_commit_a_pending_writer_has_not_seen(table: Table) -> None:
@@ -206,7 +207,7 @@ def test_cleaning_keeps_the_file_slice_a_pending_writer_reads(table: Table) -> N
 
     # only the version superseded before the late writer began may go
     assert files_of(clean(table, service_lock(table), 1)) == [versions[0].requested_time]
-    metadata = writer._write_files(late, held)  # reads the slice it saw
+    metadata, _ = writer._write_files(late, held)  # reads the slice it saw
     with pytest.raises(WriteConflictError):
         late.commit(metadata)
     rollback_failed(table, service_lock(table), POLICY)

@@ -169,11 +169,11 @@ def inject_failure(failure: str, storage_class: type[Storage]) -> None:
             armed["now"] = not armed["spent"]
         return created
 
-    def failing_scan(storage: Storage) -> Any:
+    def failing_scan(storage: Storage, fresh_for: float = 0.0) -> Any:
         if armed["now"]:
             armed["now"], armed["spent"] = False, True
             raise StorageError(f"injected: listing {storage.full_path(filesystem.LOCK_DIR)} failed")
-        return scan(storage)
+        return scan(storage, fresh_for)
 
     storage_class.create_if_absent = create_if_absent  # type: ignore[method-assign]
     filesystem.scan = failing_scan
