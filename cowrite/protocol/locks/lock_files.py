@@ -76,7 +76,7 @@ _QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
 # at least the fresh view, and more leaves a margin.
 FRESH_VIEW = 0.5
 COLLECTABLE_AGE = 1.0
-_NOTED_KEPT = 1024  # notes remembered per table: several times what the process's writes look back on
+_NOTED_KEPT = 256  # notes kept per table: many times the commits a write looks back on
 
 _FIRST_SEEN: dict[str, dict[int, float]] = keep_mapping(
     "cowrite.protocol.locks.lock_files._FIRST_SEEN",
@@ -171,14 +171,23 @@ def noted(storage: Storage, requested_time: str) -> str | None:
 
 def scan(storage: Storage, fresh_for: float = 0.0) -> LockFiles:
     """What the lock directory shows: a listing, or on an object store the newest listing of this process,
-    where it began less than ``fresh_for`` seconds ago."""
+    where it began less than ``fresh_for`` seconds ago. On an object store the listing and the notes it
+    shows are kept (a daemon's following, which lists for no lock, keeps nothing)."""
     if not storage.round_trips:
         return files_named(storage.watched_names(LOCK_DIR))
     newest = _LAST_LISTED.get(storage.uri)
     if newest is not None and time.monotonic() - (newest.listed_at or 0.0) < fresh_for:
         return newest
     listed_at = time.monotonic()
-    return files_listed(storage, storage.list(LOCK_DIR), listed_at)
+    files = files_listed(storage, storage.list(LOCK_DIR), listed_at)
+    if (newest := _LAST_LISTED.get(storage.uri)) is None or (newest.listed_at or 0.0) < listed_at:
+        _LAST_LISTED[storage.uri] = files
+    # replaced, not changed in place: listings run on several threads, and a note lost to a race only
+    # costs a write a listing of its partitions
+    notes = {**_NOTED.get(storage.uri, {})}
+    notes.update((name.partition("_")[0], name) for names in files.published.values() for name in names)
+    _NOTED[storage.uri] = dict(list(notes.items())[-_NOTED_KEPT:])
+    return files
 
 
 def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> LockFiles:
@@ -189,15 +198,7 @@ def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> L
     seen, now = _FIRST_SEEN.get(storage.uri, {}), time.monotonic()
     _FIRST_SEEN[storage.uri] = {i: seen.get(i, now) for i in files.acquired | files.released}
     acquired_at = {i: at for i in files.acquired if (at := created.get((i, False)))}
-    files = replace(files, acquired_at=acquired_at, listed_at=listed_at)
-    if (newest := _LAST_LISTED.get(storage.uri)) is None or (newest.listed_at or 0.0) < listed_at:
-        _LAST_LISTED[storage.uri] = files
-    # replaced, not changed in place: listings run on several threads, and a note lost to a race only
-    # costs a write a listing of its partitions
-    notes = {**_NOTED.get(storage.uri, {})}
-    notes.update((name.partition("_")[0], name) for names in files.published.values() for name in names)
-    _NOTED[storage.uri] = dict(list(notes.items())[-_NOTED_KEPT:])
-    return files
+    return replace(files, acquired_at=acquired_at, listed_at=listed_at)
 
 
 def collectable(storage: Storage, files: LockFiles, below: int) -> tuple[list[str], list[str]]:
