@@ -102,7 +102,7 @@ class LocalWriter:
         known = knew.completed_times
         early: list[EarlyListing] = []
         drafts: list[Draft] = []
-        written: list[tuple[CommitMetadata, Draft, frozenset[str]]] = []
+        written: list[tuple[CommitMetadata, Draft, frozenset[str], frozenset[str]]] = []
         kept = self._listed  # the files of these partitions as this process's last write left them
         if kept is not None and (held.partitions is None or kept.partitions != tuple(held.partitions)):
             kept = None
@@ -138,8 +138,10 @@ class LocalWriter:
             apart = self._apart(begun, listed)
             self._list_early = completed(begun) <= known | apart
             ready = drafts[0] if drafts and transaction.planned is not None else None
-            listing = replace(listed, known=listed.known | apart) if listed else None
-            written.append((*self._write_files(transaction, held, listing, ready, apart), apart))
+            holding = replace(listed, known=listed.known | apart) if listed else None
+            written.append(
+                (*self._write_files(transaction, held, holding, ready, apart), apart, completed(begun))
+            )
             return written[0][0]
 
         listing = held.partitions is not None and self._list_early
@@ -155,9 +157,10 @@ class LocalWriter:
         self._listed = None
         if not written:
             return done
-        metadata, used, apart = written[0]
+        metadata, used, apart, shown = written[0]
         if used.listing is not None:  # what the next write of these partitions needs not list
-            after = replace(used.listing, known=used.listing.known | apart)
+            # what it knows of commits no longer on the timeline (archived) is dropped: it stays small
+            after = replace(used.listing, known=(used.listing.known | apart) & shown)
             self._listed = after.after(done, metadata.write_stats)
         return done
 
@@ -318,6 +321,7 @@ class Draft:
 
 
 def completed(timeline: Timeline) -> frozenset[str]:
+    """The requested times of ``timeline``'s completed data commits."""
     return timeline.data_commits().completed_times
 
 

@@ -199,10 +199,10 @@ class FileSystemLock(TableLock):
 
     def turn(self) -> int | None:
         """The id of the last lock released: lock ids name the turns. From a listing, on an object store
-        one of this process's begun less than half :data:`FRESH_VIEW` ago and after its own last turn (a
-        view older than the note notes no later a turn), or that turn if it began that recently (its
-        create showed no later turn, and a later one is not collected that soon) unless the next collects
-        old lock files: that one is noted from a listing, which leaves it to a waiter queued for it."""
+        one of this process's begun less than half :data:`FRESH_VIEW` ago and after its own last turn (an
+        earlier view can only note an earlier turn), or that turn if it began that recently (its create
+        showed no later turn, and a later one is not collected that soon) unless the next collects old
+        lock files: that one is noted from a listing, which leaves it to a waiter queued for it."""
         self._notes, fresh_for = {}, FRESH_VIEW / 2
         if (own := last_turn(self.storage.uri) if self.storage.round_trips else None) is not None:
             lock_id, began = own
