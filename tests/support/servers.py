@@ -28,6 +28,7 @@ from typing import Any
 
 import boto3
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.moto_server.werkzeug_app import create_backend_app
 from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
 
@@ -115,10 +116,12 @@ def _serve_s3() -> None:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request would bury a failure
     moto = ThreadedMotoServer(ip_address=_HOST, port=0, verbose=False)
     moto.start()
-    # The server object exists only once started; wrap its app before any request arrives.
+    # The server object exists only once started; replace its app before any request arrives. Moto's own
+    # app looks up, for every request, which of its services the request is for (listing its package
+    # directory each time); every request here is for S3, so S3's app serves them directly.
     server = moto._server
     assert server is not None
-    server.app = _Serialised(server.app)
+    server.app = _Serialised(create_backend_app("s3"))
     print(moto.get_host_and_port()[1], flush=True)
     sys.stdin.read()
     moto.stop()
