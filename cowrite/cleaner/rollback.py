@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 
 from cowrite.errors import CorruptTimelineError, InstantGoneError
 from cowrite.format.commit_metadata import CommitMetadata
@@ -225,22 +226,22 @@ def collect_heartbeats(
 
 
 def remove_withdrawn_claims(table: Table) -> list[Instant]:
-    """Delete the ``.requested`` files of claims withdrawn but left behind; return them.
+    """Delete the files of claims withdrawn but left behind, a plan before its claim; return them.
 
     Two claimants of one time (of two actions) both list after claiming, and the later to list withdraws
-    (:meth:`Table._claim`). A withdrawal that failed, or a claimant killed before it, leaves a
-    ``.requested`` file that a timeline (one instant per time) hides behind the other action's instant,
-    so no rollback would ever see it. At a time two actions share, a claim still requested while the
-    other action went on (inflight or completed) is such a leftover: the one that stands is the only one
-    that proceeds. Nothing was written under it, and a claimant that is only paused lists again, misses
-    its file and claims anew. Reads the last listing of the timeline (:meth:`Timeline.load`).
+    (:meth:`Table._claim`). A withdrawal that failed, or a claimant killed before it, leaves its
+    ``.requested`` file (and a writer's plan, written beside that listing) behind the other action's
+    instant, where a timeline (one instant per time) hides them from every rollback;
+    :func:`~cowrite.format.timeline.left_behind` tells them apart, since only the claim that stands
+    proceeds. Nothing was written under them, and a claimant that is only paused lists again, misses its
+    file and claims anew. Reads the last listing of the timeline (:meth:`Timeline.load`).
     """
     at_shared: dict[str, list[Instant]] = {}
     for instant in Timeline.listed_at_shared_times(table.storage):
         at_shared.setdefault(instant.requested_time, []).append(instant)
     removed = []
     for instants in at_shared.values():
-        for instant in left_behind(instants):
+        for instant in sorted(left_behind(instants), key=attrgetter("state"), reverse=True):
             table.storage.delete(table.instant_path(instant))
             removed.append(instant)
     if removed:

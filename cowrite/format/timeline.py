@@ -97,11 +97,15 @@ def _keep_latest(latest: dict[str, Instant], instant: Instant, shared: set[str] 
 
 
 def left_behind(instants: Iterable[Instant]) -> list[Instant]:
-    """Of the instant files at one time, the claims left behind: still requested while another action's
-    instant at that time went on (inflight or completed). Only the claim that stands proceeds, so each
-    was withdrawn by a claimant that could not delete it, or was killed first (:meth:`Table._claim`)."""
+    """Of the instant files at one time, the claims left behind: every file of another action than the
+    one completed there, or, while none is, those still requested while another action's instant went on
+    (inflight). Only the claim that stands proceeds, so each was withdrawn by a claimant that could not
+    delete it, or was killed first (:meth:`Table._claim`). A writer's plan (``.inflight``) is written
+    beside the listing that tells whether its claim stands, so a withdrawn claim may have one: only a
+    completed instant then tells which of two inflight ones stood."""
     instants = list(instants)
-    went_on = {i.action for i in instants if i.state is not State.REQUESTED}
+    went_on = {i.action for i in instants if i.is_completed}
+    went_on = went_on or {i.action for i in instants if i.state is not State.REQUESTED}
     return [i for i in instants if went_on and i.action not in went_on]
 
 

@@ -36,7 +36,7 @@ from cowrite.engine.operations import Operation
 from cowrite.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
-from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local import read
@@ -338,6 +338,36 @@ def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went
     assert not table.storage.exists(leftover)
     assert table.timeline().get(clash) == Instant(clash, Action.CLEAN, State.INFLIGHT)
     assert Timeline.shared_times(table.storage) == frozenset()
+
+
+def test_a_claim_left_behind_with_its_plan_is_removed_once_the_other_action_completed(table: Table) -> None:
+    """A writer's plan is written beside the listing that tells whether its claim stands (soak seed 888294,
+    scenario 2): the listing showed a rollback's claim at its time, and the withdrawal could not delete the
+    plan, so claim and plan stayed. Both actions had gone on by their files, so neither was taken for a
+    leftover, and once the rollback completed the time stayed used by two actions for good."""
+    LocalWriter(table).insert(rows(["a"]))
+    clash = from_millis(int(time.time() * 1000) + 3_600_000)
+    claim, plan = (Instant(clash, Action.COMMIT, state) for state in (State.REQUESTED, State.INFLIGHT))
+    clean = [Instant(clash, Action.CLEAN, state) for state in (State.REQUESTED, State.INFLIGHT)]
+    for instant in (claim, plan, *clean):
+        table.storage.write(table.instant_path(instant), b"")
+
+    table.timeline()
+    assert (
+        remove_withdrawn_claims(table) == []
+    )  # two inflight: which one stood is open while neither completed
+
+    clean.append(clean[-1].transition(State.COMPLETED, from_millis(to_millis(clash) + 1)))
+    table.storage.write(table.instant_path(clean[-1]), b"")
+    table.timeline()
+    assert remove_withdrawn_claims(table) == [plan, claim]  # the plan first: never one without its claim
+    assert sorted(n for n in table.storage.names(TIMELINE_DIR) if n.startswith(clash)) == sorted(
+        i.file_name for i in clean
+    )
+    rollback_failed(table, service_lock(table), HeartbeatPolicy.from_config(table.config))
+    assert Timeline.shared_times(table.storage) == frozenset()
+    assert table.timeline().get(clash) == clean[-1]
+    assert sorted(read.snapshot(table).column("id").to_pylist()) == ["a"]
 
 
 def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
