@@ -342,9 +342,10 @@ def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went
 
 def test_a_claim_left_behind_with_its_plan_is_removed_once_the_other_action_completed(table: Table) -> None:
     """A writer's plan is written beside the listing that tells whether its claim stands (soak seed 888294,
-    scenario 2): the listing showed a rollback's claim at its time, and the withdrawal could not delete the
-    plan, so claim and plan stayed. Both actions had gone on by their files, so neither was taken for a
-    leftover, and once the rollback completed the time stayed used by two actions for good."""
+    scenario 2): the listing showed a table service's claim at its time (there a rollback's, here a clean's),
+    and the withdrawal could not delete the plan, so claim and plan stayed. Both actions had gone on by their
+    files, so neither was taken for a leftover, and once the service completed the time stayed used by two
+    actions for good."""
     LocalWriter(table).insert(rows(["a"]))
     clash = from_millis(int(time.time() * 1000) + 3_600_000)
     claim, plan = (Instant(clash, Action.COMMIT, state) for state in (State.REQUESTED, State.INFLIGHT))
@@ -353,9 +354,8 @@ def test_a_claim_left_behind_with_its_plan_is_removed_once_the_other_action_comp
         table.storage.write(table.instant_path(instant), b"")
 
     table.timeline()
-    assert (
-        remove_withdrawn_claims(table) == []
-    )  # two inflight: which one stood is open while neither completed
+    # two inflight: which one stood is open while neither completed
+    assert remove_withdrawn_claims(table) == []
 
     clean.append(clean[-1].transition(State.COMPLETED, from_millis(to_millis(clash) + 1)))
     table.storage.write(table.instant_path(clean[-1]), b"")
