@@ -340,27 +340,38 @@ def test_a_claim_withdrawn_but_left_behind_is_removed_once_the_other_action_went
     assert Timeline.shared_times(table.storage) == frozenset()
 
 
+def _claim_and_plan_left_behind_beside_a_clean(table: Table) -> tuple[list[Instant], list[Instant]]:
+    """A writer's claim and plan at the time of a clean that is inflight: ([claim, plan], the clean's)."""
+    LocalWriter(table).insert(rows(["a"]))
+    clash = from_millis(int(time.time() * 1000) + 3_600_000)
+    writer = [Instant(clash, Action.COMMIT, state) for state in (State.REQUESTED, State.INFLIGHT)]
+    clean = [Instant(clash, Action.CLEAN, state) for state in (State.REQUESTED, State.INFLIGHT)]
+    for instant in (*writer, *clean):
+        table.storage.write(table.instant_path(instant), b"")
+    return writer, clean
+
+
+def _complete(table: Table, clean: list[Instant]) -> None:
+    completion = from_millis(to_millis(clean[-1].requested_time) + 1)
+    clean.append(clean[-1].transition(State.COMPLETED, completion))
+    table.storage.write(table.instant_path(clean[-1]), b"")
+
+
 def test_a_claim_left_behind_with_its_plan_is_removed_once_the_other_action_completed(table: Table) -> None:
     """A writer's plan is written beside the listing that tells whether its claim stands (soak seed 888294,
     scenario 2): the listing showed a table service's claim at its time (there a rollback's, here a clean's),
     and the withdrawal could not delete the plan, so claim and plan stayed. Both actions had gone on by their
     files, so neither was taken for a leftover, and once the service completed the time stayed used by two
     actions for good."""
-    LocalWriter(table).insert(rows(["a"]))
-    clash = from_millis(int(time.time() * 1000) + 3_600_000)
-    claim, plan = (Instant(clash, Action.COMMIT, state) for state in (State.REQUESTED, State.INFLIGHT))
-    clean = [Instant(clash, Action.CLEAN, state) for state in (State.REQUESTED, State.INFLIGHT)]
-    for instant in (claim, plan, *clean):
-        table.storage.write(table.instant_path(instant), b"")
-
+    (claim, plan), clean = _claim_and_plan_left_behind_beside_a_clean(table)
     table.timeline()
     # two inflight: which one stood is open while neither completed
     assert remove_withdrawn_claims(table) == []
 
-    clean.append(clean[-1].transition(State.COMPLETED, from_millis(to_millis(clash) + 1)))
-    table.storage.write(table.instant_path(clean[-1]), b"")
+    _complete(table, clean)
     table.timeline()
     assert remove_withdrawn_claims(table) == [plan, claim]  # the plan first: never one without its claim
+    clash = claim.requested_time
     assert sorted(n for n in table.storage.names(TIMELINE_DIR) if n.startswith(clash)) == sorted(
         i.file_name for i in clean
     )
@@ -368,6 +379,23 @@ def test_a_claim_left_behind_with_its_plan_is_removed_once_the_other_action_comp
     assert Timeline.shared_times(table.storage) == frozenset()
     assert table.timeline().get(clash) == clean[-1]
     assert sorted(read.snapshot(table).column("id").to_pylist()) == ["a"]
+
+
+def test_the_daemon_removes_a_claim_left_behind_with_its_plan(table: Table) -> None:
+    """The same leftover where the daemon is the only cleaner: it runs the rollback pass once it sees one."""
+    writer, clean = _claim_and_plan_left_behind_beside_a_clean(table)
+    service = _service(table)
+    service.poll()
+    assert service.status.up, service.status.error
+    assert all(table.storage.exists(table.instant_path(i)) for i in (*writer, *clean))
+
+    _complete(table, clean)
+    service.poll()
+    assert service.status.up, service.status.error
+    clash = clean[0].requested_time
+    assert sorted(n for n in table.storage.names(TIMELINE_DIR) if n.startswith(clash)) == sorted(
+        i.file_name for i in clean
+    )
 
 
 def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
