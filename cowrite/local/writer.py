@@ -184,6 +184,7 @@ class LocalWriter:
         plan naming every base file it may create."""
         table, operation, partitions = self.table, held.operation, held.partitions
         views: list[FileSystemView] = []
+        listings: list[EarlyListing | None] = []
         if early is not None and not early.holds(begun, partitions):
             early = None  # listed afresh, once the timeline was: kept for the next write
 
@@ -196,7 +197,6 @@ class LocalWriter:
             )
             listings.append(listing)
 
-        listings: list[EarlyListing | None] = []
         # the files are listed beside reading the schema as of begin: one round trip for both
         current = beside(table.storage, partial(held.at, table, begun), build)
         view, incoming, lookup_all = views[0], current.prepared, current.lookup_all
