@@ -477,8 +477,8 @@ class Checker:
                     )
 
     def check_times(self, evidence: Evidence) -> None:
-        """3: instant times unique and claimed in increasing order; completion times unique and increasing in
-        commit order, across archival."""
+        """3: instant times unique, an instant claimed after another completed carrying the later time;
+        completion times unique and increasing in commit order, across archival."""
         completions = Counter(f.instant.completion_time for f in evidence.completed.values())
         for time_, count in completions.items():
             if count > 1:
@@ -504,14 +504,16 @@ class Checker:
                         f"{item.instant.file_name} was published after {archived.instant.file_name} "
                         "was archived, with a smaller completion time",
                     )
+        # A claim may lie below a pending instant claimed meanwhile (its claimant had not seen that one),
+        # never below one that completed before it was made.
         claims = [f for f in evidence.requested_files.values() if f.modified is not None]
-        for earlier, later in _out_of_order(claims, lambda f: f.instant.requested_time, slack):
+        for earlier, later in _out_of_order(active, lambda f: f.instant.requested_time, slack, made=claims):
             if earlier.instant.requested_time == later.instant.requested_time:
                 continue  # two actions' claims of one time: a time used by several actions, said above
             self.fail(
                 "3",
                 f"instant {later.instant.requested_time} was claimed after "
-                f"{earlier.instant.requested_time} with a smaller time",
+                f"{earlier.instant.file_name} completed, with a smaller time",
             )
         log = self.o.commit_log
         for entry in log:
@@ -837,12 +839,16 @@ def rows_of(rows: Iterable[Row]) -> list[tuple[str, str, int, str]]:
 
 
 def _out_of_order(
-    files: list[TimelineFile], key: Callable[[TimelineFile], str], slack: float
+    files: list[TimelineFile],
+    key: Callable[[TimelineFile], str],
+    slack: float,
+    made: list[TimelineFile] | None = None,
 ) -> list[tuple[TimelineFile, TimelineFile]]:
-    """Pairs (earlier, later) in which ``later`` was written more than ``slack`` after ``earlier`` was
-    surely in place, yet its ``key`` is not the greater: one pair for each such later file."""
+    """Pairs (earlier, later), ``earlier`` of ``files`` and ``later`` of ``made`` (or of ``files``), in
+    which ``later`` was written more than ``slack`` after ``earlier`` was surely in place, yet its ``key``
+    is not the greater: one pair for each such later file."""
     found = []
-    for later in files:
+    for later in files if made is None else made:
         before = [
             f for f in files if (later.modified or 0) - (f.in_place or 0) > slack and key(later) <= key(f)
         ]

@@ -9,11 +9,12 @@ thousand instants; so a look lists only the names after a *start point*
 
 - the oldest pending instant's requested time: its next files (inflight, completed, or its removal by a
   rollback) sort with its requested time, at or after it;
-- the newest requested time known *two* looks ago. A claim stands only if the listing its claimant made
-  right after it shows no later instant (:meth:`~cowrite.format.table.Table._claim`), so a new instant
-  sorts after every instant that existed when it was claimed. A listing is no snapshot, though: one may
-  miss an instant claimed while it ran, and show a later one; the instant it missed sorts after
-  everything the look before it knew, so starting there finds it on the next look.
+- the newest completed instant's requested time known *two* looks ago. A claim stands only if the listing
+  its claimant made right after it shows no later completed instant
+  (:meth:`~cowrite.format.table.Table._claim`), and archival keeps the newest completed instant, so a new
+  instant sorts after every instant that had completed when it was claimed. A listing is no snapshot,
+  though: one may miss an instant claimed while it ran, and show a later one; the instant it missed sorts
+  after every completed instant the look before it knew, so starting there finds it on the next look.
 
 Below the start point only completed instants remain, and only archival removes those: the follower
 learns of it from the archive itself (:meth:`TimelineFollower.look_archive`, new archive files only). A
@@ -100,7 +101,7 @@ class TimelineFollower:
         # Object stores: the names reported at or after the last start point, sorted, and as a set.
         self._known: list[str] = []
         self._known_set: set[str] = set()
-        self._newest_when_last_look_began: str | None = None  # the newest instant two looks ago
+        self._newest_when_last_look_began: str | None = None  # the newest completed instant two looks ago
         self.full_look_due = True
         self.archive_due = True  # a commit may have been archived without the follower seeing it
         self._lock_names: frozenset[str] | None = None
@@ -143,7 +144,7 @@ class TimelineFollower:
         events, history, gone = self._appeared(state, sorted(created), infos)  # may raise: nothing changes
         self._listed, self._compare = listed, False
         self.full_look_due = False
-        self._newest_when_last_look_began = state.newest  # the events of this look are not applied yet
+        self._newest_when_last_look_began = state.newest_completed  # this look's events are not applied yet
         for name in sorted(removed):
             file = _instant(name)
             if file is not None:
@@ -250,8 +251,8 @@ class TimelineFollower:
 
     def _forget_below(self, start: str) -> None:
         """Forget the names listed before ``start``, the start point of a look: later looks start there
-        or after, as their start points move forward. One that starts before (the newest instant rolled
-        back) reports the names between again, and the state knows them already."""
+        or after, as their start points move forward. One that starts before (an instant claimed below the
+        oldest pending one) reports the names between again, and the state knows them already."""
         below = bisect_right(self._known, start) if start else 0
         if below:
             self._known_set.difference_update(self._known[:below])

@@ -87,7 +87,7 @@ class TableState:
         self._recent: Timeline | None = None  # built when asked, kept until an instant changes
         self.by_state: Counter[State] = Counter()
         self.latest_completion: str | None = None
-        self.newest: str | None = None  # the newest requested time
+        self.newest_completed: str | None = None  # the newest requested time of a completed instant
         # -- writers, locks
         self.heartbeats: dict[str, Beat] = {}
         self.aborted: dict[str, str] = {}  # instant -> why its writer gave up (kept for the page)
@@ -171,7 +171,7 @@ class TableState:
         if packed:
             self._recent = None
             self.by_state[State.COMPLETED] += len(packed)
-            self.newest = max(packed[-1].requested_time, self.newest or "")
+            self.newest_completed = max(packed[-1].requested_time, self.newest_completed or "")
             completion = max(i.completion_time or "" for i in packed)
             self.latest_completion = max(completion, self.latest_completion or "")
             self.unlogged.update((t, e) for i in packed if (e := event.entries.get(t := i.requested_time)))
@@ -198,14 +198,15 @@ class TableState:
         if after is None:
             del self._files[time]
             del self._visible[time]
-            if time == self.newest:
-                self.newest = max(max(self._visible, default=""), self._settled.newest or "") or None
         else:
             self._visible[time] = after
             self.by_state[after.state] += 1
-            self.newest = max(time, self.newest or "")
             if after.is_completed:
+                self.newest_completed = max(time, self.newest_completed or "")
                 self.latest_completion = max(after.completion_time or "", self.latest_completion or "")
+        if time == self.newest_completed and (after is None or not after.is_completed):
+            visible = (t for t, i in self._visible.items() if i.is_completed)
+            self.newest_completed = max(max(visible, default=""), self._settled.newest or "") or None
         if after is not None and not after.is_completed:
             self._pending.add(time)
         else:

@@ -322,11 +322,14 @@ class Table:
         after, and the ``time.monotonic()`` at which its create began (its file was written after that).
 
         The file is created only if absent (test-and-set), and the claim stands if the listing after it
-        shows it, no other action's instant at the same time (each time names one instant) and no instant
-        with a later time (a completed one's base files would outrank ours in the file groups both touch).
-        Otherwise it is withdrawn and made again after what the listing showed. So claims that stand carry
-        increasing times in the order they were made: of two, the later made lists the earlier and stands
-        only above it. Of two claimants of one time, the later to list sees the other: one withdraws.
+        shows it, no other action's instant at the same time (each time names one instant) and no completed
+        instant with a later time (its base files would outrank ours in the file groups both touch).
+        Otherwise it is withdrawn and made again after what the listing showed. So an instant claimed after
+        another completed carries the later time. A pending instant of a later time, claimed meanwhile by
+        a claimant that had not seen ours, is no reason to withdraw: whichever of the two completes second
+        finds the other in its conflict check (by identity, not by time). Withdrawing for it as well would
+        let claims made at once stand one a round (only the latest would), a create and a listing each. Of
+        two claimants of one time, the later to list sees the other: one withdraws.
         """
         while True:
             floor = timeline.last.requested_time if timeline.last else None  # in time order
@@ -355,8 +358,7 @@ class Table:
                 # twice).
                 self.withdraw(instant, "the listing after it failed", planned=bool(planned))
                 raise
-            newest = after.last  # the timeline is in time order
-            later = newest if newest is not None and newest.requested_time > instant.requested_time else None
+            later = next((i for i in after.after(instant.requested_time) if i.is_completed), None)
             # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.
             listed = after.get(instant.requested_time)
             gone = listed is None or listed.action is not instant.action

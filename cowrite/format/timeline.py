@@ -12,10 +12,10 @@ keeps from the last load those before it. The start point is the older of
 - the oldest requested time pending in the last load: an instant's later files (inflight, completed, or
   its removal by a rollback) sort with its requested time, at or after it;
 - the newest completed requested time of the load before the last. A claim stands only if the listing its
-  claimant made right after it shows no later instant (:meth:`~cowrite.format.table.Table._claim`), and
-  a completed file stays. A listing is no snapshot: one may miss an instant claimed while it ran, and show
-  a later one; but that claim was listed by its claimant after the load before had ended, so it sorts
-  after the newest completed instant that load showed.
+  claimant made right after it shows no later completed instant (:meth:`~cowrite.format.table.Table._claim`),
+  and archival keeps the newest completed instant. A listing is no snapshot: one may miss an instant
+  claimed while it ran, and show a later one; but that claim was listed by its claimant after the load
+  before had ended, so it sorts after the newest completed instant that load showed.
 
 Below the start point only completed instants remain, and only archival removes those: a tail keeps them
 until the next full listing (every :data:`TAILS_BETWEEN_FULL` tails, and after a file a listing showed was

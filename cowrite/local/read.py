@@ -140,9 +140,11 @@ def pull(
         entries = table.read_timeline(completed)
         new_checkpoint = max((e.completion_time for e in entries), default=checkpoint)
     else:
-        # Two looks, as above: instants are claimed in time order, so every instant requested before the
-        # newest one of the first look (pending or not) is in the second.
-        cap = max(table.timeline().requested_times, default=None)
+        # Two looks, as above: an instant claimed after another completed carries the later time, so every
+        # instant requested before the newest completed one of the first look was claimed before that look
+        # ended, and is in the second. (A pending one may have a claim of an earlier time made after it.)
+        newest = table.timeline().completed().last
+        cap = newest.requested_time if newest is not None else None
 
         def ready(timeline: Timeline) -> list[CommitEntry]:
             timeline = table.verified(timeline)

@@ -616,21 +616,21 @@ def test_a_claim_the_listing_after_it_cannot_confirm_is_withdrawn_at_once(
     assert list(table.timeline()) == list(before)  # the claim is gone
 
 
-def test_a_claim_linked_into_place_after_a_lower_one_is_not_taken_for_one_claimed_out_of_order(
+def test_a_completion_linked_into_place_after_a_lower_claim_is_not_taken_for_a_claim_below_it(
     table: Table,
 ) -> None:
-    """A claim with content is written aside and linked into place: its modification time is when it was
-    written. A cleaner paused in between (soak 11, seed 887025, scenario 4) showed its claim after a
-    writer's lower one, which the checker, reading modification times, took for a claim out of order.
-    The same two claims made the other way round are out of order, and reported."""
+    """A completed file is written aside and linked into place: its modification time is when it was
+    written. A claim of a lower time made in between came before the commit completed, which the checker,
+    reading modification times, would take for a claim made below a completed instant. The same two made
+    the other way round are reported."""
     seeded = LocalWriter(table).insert(rows(["a"]))
     now = int(time.time() * 1000)
 
     def claims(first_in_place: bool) -> list[str]:
-        low, high = (Instant(from_millis(now + n), action, State.REQUESTED) for n, action in
-                     ((1, Action.COMMIT), (2, Action.CLEAN)))  # fmt: skip
+        low = Instant(from_millis(now + 1), Action.COMMIT, State.REQUESTED)
+        high = Instant(from_millis(now + 2), Action.COMMIT, State.COMPLETED, from_millis(now + 3))
         aside = Path(table.storage.full_path(f"{high.file_name}.tmp"))
-        aside.write_bytes(b"a clean's plan")
+        aside.write_bytes(table.storage.read(table.instant_path(seeded)))  # a commit readers can read
 
         def link() -> None:  # as the local storage's create_if_absent does
             os.link(aside, table.storage.full_path(table.instant_path(high)))
@@ -651,8 +651,9 @@ def test_a_claim_linked_into_place_after_a_lower_one_is_not_taken_for_one_claime
 
     assert claims(first_in_place=False) == []
     now += 10
+    completed = f"{from_millis(now + 2)}_{from_millis(now + 3)}.commit"
     assert claims(first_in_place=True) == [
-        f"instant {from_millis(now + 1)} was claimed after {from_millis(now + 2)} with a smaller time"
+        f"instant {from_millis(now + 1)} was claimed after {completed} completed, with a smaller time"
     ]
 
 

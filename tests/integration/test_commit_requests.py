@@ -225,8 +225,9 @@ def test_a_listing_beside_the_claim_that_missed_a_commit_is_made_again(
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
     mine = [r for r in proxy.reset() if r.client == "writer"]
     assert len([r for r in mine if what(r) == ("LIST", "p0")]) == 2
-    # the rival took a later time meanwhile: the writer withdrew its first claim, the plan made beside
-    # its listing first, and claimed again (that claim plans after its listing: the draft was for the first)
+    # the rival's commit, of a later time, completed meanwhile: the writer withdrew its first claim, the
+    # plan made beside its listing first, and claimed again (that claim plans after its listing: the draft
+    # was for the first)
     withdrawn = [r.path.rsplit("/", 1)[-1] for r in mine if r.kind == "DELETE"]
     assert len(withdrawn) == 2 and withdrawn[0].endswith(".inflight") and withdrawn[1].endswith(".requested")
     assert [i for i in table.timeline() if not i.is_completed] == []

@@ -19,6 +19,7 @@ from cowrite.errors import LeaseLostError, StorageError, WriteConflictError
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import Table
+from cowrite.format.timeline import Timeline
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.conflict import Candidate, Conflict, file_group_overlap
@@ -89,6 +90,52 @@ def test_disjoint_writers_both_commit(table: Table) -> None:
     done_first = first.commit(CommitMetadata("insert", (_stat("a", "g1", first.instant_time),)))
     assert done_first.requested_time < done_second.requested_time
     assert done_second.completion_time < done_first.completion_time  # completion order = commit order
+
+
+@pytest.mark.parametrize(
+    ("first", "rival_group"),
+    [("writer", ("a", "g1")), ("rival", ("a", "g1")), ("writer", ("b", "g2"))],
+    ids=str,
+)
+def test_a_claim_stands_below_a_pending_instant_claimed_meanwhile(
+    table: Table, monkeypatch: pytest.MonkeyPatch, first: str, rival_group: tuple[str, str]
+) -> None:
+    """A rival claims a later time between a writer's claim and the listing after it. The writer's claim
+    stands: only a completed instant of a later time makes a claim withdraw. Of the two, writing one file
+    group, the second to complete loses whatever their times; writing elsewhere, both commit."""
+    rivals: list[Transaction | None] = []
+    listed = Table.timeline
+
+    def the_rival_claims_first(self: Table, tail: bool = False) -> Timeline:
+        if tail and not rivals:  # the writer's listing after its claim
+            rivals.append(None)
+            rivals[0] = Transaction.begin(table, "insert", options=_options(table))
+        return listed(self, tail)
+
+    withdrawn: list[Instant] = []
+    monkeypatch.setattr(Table, "timeline", the_rival_claims_first)
+    monkeypatch.setattr(Table, "withdraw", lambda self, instant, *_, **__: withdrawn.append(instant))
+    writer = Transaction.begin(table, "insert", options=_options(table))
+    monkeypatch.undo()
+    rival = rivals[0]
+    assert rival is not None and writer.instant_time < rival.instant_time and withdrawn == []
+
+    groups = {writer: ("a", "g1"), rival: rival_group}
+    one, other = (writer, rival) if first == "writer" else (rival, writer)
+    for transaction in (one, other):
+        stats = (_stat(*groups[transaction], transaction.instant_time),)
+        transaction.plan(CommitMetadata("insert", stats))
+    done = one.commit(CommitMetadata("insert", (_stat(*groups[one], one.instant_time),)))
+    last = CommitMetadata("insert", (_stat(*groups[other], other.instant_time),))
+    if rival_group == groups[writer]:
+        with pytest.raises(WriteConflictError) as caught:
+            other.commit(last)
+        assert caught.value.winner == one.instant_time
+        second = Instant(other.instant_time, Action.COMMIT, State.INFLIGHT)  # left for the lazy rollback
+    else:
+        second = other.commit(last)
+        assert (done.completion_time or "") < (second.completion_time or "")
+    assert list(table.timeline()) == sorted([done, second], key=lambda i: i.requested_time)
 
 
 def test_instant_times_unique_and_completions_ordered_whatever_the_clocks(table: Table) -> None:
