@@ -325,11 +325,10 @@ class Table:
         shows it, no other action's instant at the same time (each time names one instant) and no completed
         instant with a later time (its base files would outrank ours in the file groups both touch).
         Otherwise it is withdrawn and made again after what the listing showed. So an instant claimed after
-        another completed carries the later time. A pending instant of a later time, claimed meanwhile by
-        a claimant that had not seen ours, is no reason to withdraw: whichever of the two completes second
-        finds the other in its conflict check (by identity, not by time). Withdrawing for it as well would
-        let claims made at once stand one a round (only the latest would), a create and a listing each. Of
-        two claimants of one time, the later to list sees the other: one withdraws.
+        another completed carries the later time. A pending instant of a later time, claimed meanwhile, is
+        no reason to withdraw: whichever of the two completes second finds the other in its conflict check
+        (by identity); withdrawing would let claims made at once stand one a round (the latest each time).
+        Of two claimants of one time, the later to list sees the other: one withdraws.
         """
         while True:
             floor = timeline.last.requested_time if timeline.last else None  # in time order
