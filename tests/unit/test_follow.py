@@ -23,7 +23,7 @@ from cowrite.daemon.events import Change, HistoryFound, InstantChanged
 from cowrite.daemon.follow import TimelineFollower
 from cowrite.daemon.state import RECENT, TableState
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
-from cowrite.format.instant import Action, Instant, State, from_millis
+from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
@@ -188,6 +188,27 @@ def test_a_look_reports_only_new_names(table: Table, counted: Counted) -> None:
     assert created == files_of(second)
     assert deleted == []
     assert tail.look(table) == ([], [])
+    tail.check_listings(table, counted)
+
+
+@pytest.mark.parametrize("storage_uri", ["memory", "s3"], indirect=True)
+def test_a_claim_that_stands_below_a_pending_instant_is_found(table: Table, counted: Counted) -> None:
+    """A claim stands below a pending instant claimed meanwhile (only a completed one of a later time makes
+    it withdraw): the tail, which starts no later than the newest completed instant two looks ago, shows
+    it, though the pending instant is the newest of every look before."""
+    done = LocalWriter(table).insert(rows([1]))
+    time.sleep(0.01)
+    pending = Transaction.begin(table, "insert", options=WriteOptions(config=table.config))
+    tail = Tail(counted.table)
+    for _ in range(3):  # whole, whole, then a tail
+        tail.look(table)
+    below = Instant(from_millis(to_millis(pending.instant_time) - 1), Action.COMMIT, State.REQUESTED)
+    assert below.requested_time > done.requested_time
+    table.storage.create_if_absent(table.instant_path(below), b"")
+    assert tail.look(table) == ([below.file_name], [])
+    assert tail.state.oldest_pending == below.requested_time
+    assert pending.heartbeat is not None
+    pending.heartbeat.stop()
     tail.check_listings(table, counted)
 
 
