@@ -113,16 +113,19 @@ def clearing(
 ) -> Clears | None:
     """Whether a rival's sketch rules out, for a writer committing ``mine`` that carried the map of
     versions ``carried`` (its JSON) and the table's ``schema`` from its begin, the file-group check, the
-    record-key check (when ``key_check``) and a change of that map or schema. None for a ``strategy`` of
-    one's own, which may look at anything in a rival's commit."""
+    record-key check (when ``key_check``) and a change of that map or schema. A rival that carried the same
+    map and the schema the write began on, or the one ``mine`` records (writers creating a table's schema at
+    once, or adding the same column), changed nothing that check would refuse; which of the two, its digest
+    tells (:func:`carried_by`). None for a ``strategy`` of one's own, which may look at anything in a
+    rival's commit."""
     my_partitions = _inserted_partitions(mine)
     if strategy is not file_group_overlap or (key_check and my_partitions is None):
         return None  # (my keys known only from my files: every rival's are read)
     my_groups = _group_names(mine.touched_file_groups)
-    carried_digest = digest(carried, schema)
+    unchanged = {digest(carried, schema), digest(carried, mine.schema)}
 
     def clears(theirs: Sketch) -> bool:
-        if theirs.carried != carried_digest or theirs.groups is None:
+        if theirs.carried not in unchanged or theirs.groups is None:
             return False
         if any(name in theirs.groups for name in my_groups):
             return False

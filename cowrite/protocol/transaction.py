@@ -411,8 +411,10 @@ class Transaction(WriteChecks):
                 f"instant {self.instant_time} of table {self.table.name} was judged failed and is being "
                 "rolled back (its heartbeat expired); not publishing"
             )
-        # the commits completed meanwhile that no sketch ruled out, read at once; the newest carries the map
-        # of versions and the schema, as they were at this write's begin when its sketch ruled it out
+        # the commits completed meanwhile that no sketch ruled out, read at once; a newest one ruled out
+        # carries the map of versions this write began with, and a schema its sketch's digest tells
+        if known is None:
+            self.turns.clear_listed(timeline.completed_since(self.begin_timeline.completed_times))
         cleared = self.turns.cleared
         candidates = completed_between(self.table, self.begin_timeline, timeline, cleared)
         newest = timeline.data_commits().in_completion_order()[-1:]
@@ -423,6 +425,8 @@ class Transaction(WriteChecks):
             recorded, schema = recorded_schema(
                 self.table, self.instant_time, timeline, schema, recorded, rebase
             )
+        elif newest:
+            schema = sketch.carried_by(self.table, newest[0]).schema
         if self.options.txn is not None:  # another process of the application may have committed it
             current.check(self.options.txn, self.table.name, self.instant_time)
         if current != carried or recorded != metadata.schema:

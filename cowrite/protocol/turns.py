@@ -27,7 +27,7 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline, instant_named
 from cowrite.protocol.conflict import Candidate
 from cowrite.protocol.locks import TableLock
-from cowrite.protocol.sketch import Clears, Sketch, parse
+from cowrite.protocol.sketch import Clears, Sketch, noted_sketch, parse
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,14 @@ class Turns:
             return None
         self.cleared = frozenset(cleared)
         return Timeline([*begun, *completed])
+
+    def clear_listed(self, commits: list[Instant]) -> None:
+        """Where the timeline was listed under the lock (:meth:`take` returned None): of the ``commits``
+        it shows completed since the begin, those a note this process's lock listings showed sketches,
+        and the sketch rules out, make up :attr:`cleared`."""
+        if self._clears is not None:
+            sketches = ((i, noted_sketch(self.table.storage, i)) for i in commits)
+            self.cleared = frozenset(i.requested_time for i, s in sketches if s and self._clears(s))
 
     def _ruled_out(self, noted: str) -> bool:
         """Whether the sketch in the note ``noted`` rules out every check of its commit."""

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import pyarrow as pa
 import pytest
 from support import hudi_rs
 from support.hudi_rs import rows as as_rows
@@ -348,14 +349,15 @@ def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_s
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
-@pytest.mark.parametrize("rival", ["another partition", "an application's version"])
+@pytest.mark.parametrize("rival", ["another partition", "the column both add", "an application's version"])
 def test_a_writer_leaves_unread_the_commits_whose_sketch_rules_them_out(
     table: Table, slow_proxy: ProxyProcess, rival: str
 ) -> None:
     """While A writes, B commits and notes its commit with a sketch of it. A takes the turn after B's
-    without listing the timeline. B's sketch rules out every check when B wrote another partition: A
-    commits without reading B's commit. When B carries an application's version, the map of versions A
-    must carry forward changed: A reads B's commit, and its own carries B's version."""
+    without listing the timeline. B's sketch rules out every check when B wrote another partition, also
+    when both added the same column (B made the table's schema the one A records): A commits without
+    reading B's commit, and no commit of the schema follows. When B carries an application's version, the
+    map of versions A must carry forward changed: A reads B's commit, and its own carries B's version."""
     proxy = slow_proxy
     slow, fast = LocalWriter(through(table, proxy, "slow")), LocalWriter(through(table, proxy, "fast"))
     slow.upsert(rows(["z"], part="p9"))  # each writer's first commit reads what it needs
@@ -364,22 +366,28 @@ def test_a_writer_leaves_unread_the_commits_whose_sketch_rules_them_out(
         fast = LocalWriter(
             through(table, proxy, "fast"), WriteOptions(config=table.config, txn=Txn("app", 7))
         )
+    added = rival == "the column both add"
+
+    def upsert(ids: list[str], **kwargs: Any) -> pa.Table:
+        data = rows(ids, **kwargs)
+        return data.append_column("note", pa.array([kwargs["value"]] * len(ids))) if added else data
 
     done: list[Instant | None] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
         if step is Step.PLANNED and not done:
             with observe(lambda *_: None):
-                done.append(fast.upsert(rows(["y"], part="p8", ts=3, value="fast")))
+                done.append(fast.upsert(upsert(["y"], part="p8", ts=3, value="fast")))
 
     proxy.reset()
     with observe(meanwhile):
-        mine = slow.upsert(rows(["a"], ts=4, value="slow"))
+        mine = slow.upsert(upsert(["a"], ts=4, value="slow"))
     assert done[0] is not None and mine is not None
     read_b = [r for r in proxy.reset() if r.client == "slow" and unquote(r.path).endswith(done[0].file_name)]
     assert len(read_b) == (rival == "an application's version")
     carried = table.commit_metadata(mine).extra[TXNS_KEY]
     assert ('"app"' in carried) == (rival == "an application's version")
+    assert [i.file_name for i in table.timeline()][-2:] == sorted([done[0].file_name, mine.file_name])
     notes = [n for n in table.storage.names(LOCK_DIR) if ".published." in n and "nothing" not in n]
     assert {n.split(".published.")[1].partition(MARK)[0] for n in notes} >= {
         done[0].file_name,
@@ -389,6 +397,8 @@ def test_a_writer_leaves_unread_the_commits_whose_sketch_rules_them_out(
     expected = [{"id": "a", "part": "p0", "ts": 4, "value": "slow"}, {"id": "b", "part": "p0", "ts": 1,
                 "value": "v"}, {"id": "y", "part": "p8", "ts": 3, "value": "fast"},
                 {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+    if added:
+        expected = [{**row, "note": row["value"] if row["ts"] > 1 else None} for row in expected]
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
@@ -398,16 +408,21 @@ def test_a_writer_lists_the_timeline_under_the_lock_when_a_turn_left_no_usable_n
 ) -> None:
     """A turn that noted nothing (a table service's, an expired holder's) or whose note names a commit
     that is not there (its holder died between the two) tells nothing: the writer lists the timeline under
-    the lock and asks whether it still holds it, as it always did, and commits."""
+    the lock and asks whether it still holds it, as it always did, and commits. A rival's commit before
+    that turn, in another partition, it still leaves unread: the rival's note, which the writer's listing
+    of the lock directory showed, sketches it."""
     writer = LocalWriter(through(table, proxy, "writer"))
     writer.upsert(rows(["z"], part="p9"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    rival.upsert(rows(["y"], part="p8"))
 
-    done: list[str] = []
+    done: list[Instant | None] = []
 
     def meanwhile(step: Step, instant: str | None, details: dict[str, Any]) -> None:
         if step is not Step.PLANNED or done:
             return
-        done.append(between)
+        with observe(lambda *_: None):
+            done.append(rival.upsert(rows(["y"], part="p8", ts=3, value="rival")))
         if between == "a service's turn":
             with service_lock(table, "cleaner"):
                 pass
@@ -421,10 +436,14 @@ def test_a_writer_lists_the_timeline_under_the_lock_when_a_turn_left_no_usable_n
     proxy.reset()
     with observe(meanwhile):
         writer.upsert(rows(["a"], ts=5, value="after"))
-    section = critical_section(proxy.reset(), "writer")
+    requests = proxy.reset()
+    section = critical_section(requests, "writer")
     assert section.count(("LIST", "timeline")) == 1 and section.count(("LIST", "locks")) == 1
+    assert done[0] is not None
+    assert [r for r in requests if r.client == "writer" and unquote(r.path).endswith(done[0].file_name)] == []
     expected = [{"id": "a", "part": "p0", "ts": 5, "value": "after"}, {"id": "b", "part": "p0", "ts": 1,
-                "value": "v"}, {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
+                "value": "v"}, {"id": "y", "part": "p8", "ts": 3, "value": "rival"},
+                {"id": "z", "part": "p9", "ts": 1, "value": "v"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 

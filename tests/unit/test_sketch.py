@@ -66,6 +66,9 @@ def test_a_sketch_rules_out_a_rival_only_when_no_check_could_fail() -> None:
     assert not rules_out(mine, commit([("p1", "f1")], {}, txns='{"app":{"version":1,"instant":"1"}}'))
     added = SCHEMA.replace("}]}", '}, {"name": "s", "type": ["null", "string"]}]}')
     assert not rules_out(mine, commit([("p1", "f1")], {}, schema=added))  # it changed the table's schema
+    adding = commit([("p0", "f0")], {"p0": ["new"]}, schema=added)
+    assert rules_out(adding, commit([("p1", "f1")], {}, schema=added))  # to the one mine records
+    assert not rules_out(adding, commit([("p1", "f1")], {}, schema=added, txns='{"app":{"version":1}}'))
     many = [("p1", f"f{n}") for n in range(MOST_MEMBERS + 1)]
     assert not rules_out(mine, commit(many, {}))  # too many file groups to sketch
 
