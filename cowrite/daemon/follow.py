@@ -101,7 +101,7 @@ class TimelineFollower:
         # Object stores: the names reported at or after the last start point, sorted, and as a set.
         self._known: list[str] = []
         self._known_set: set[str] = set()
-        self._newest_when_last_look_began: str | None = None  # the newest completed instant two looks ago
+        self._newest_completed_when_last_look_began: str | None = None  # two looks ago, on the next look
         self.full_look_due = True
         self.archive_due = True  # a commit may have been archived without the follower seeing it
         self._lock_names: frozenset[str] | None = None
@@ -132,7 +132,7 @@ class TimelineFollower:
             created = set(listed - previous) | (self._unreported & listed)
             removed = set(previous - listed) - self._unreported
         else:
-            floor = self._newest_when_last_look_began
+            floor = self._newest_completed_when_last_look_began
             points = [t for t in (floor, state.oldest_pending) if t is not None]
             after = "" if full or self.full_look_due or floor is None else min(points)
             infos = {info.name: info for info in self.storage.list_after(TIMELINE_DIR, after)}
@@ -144,7 +144,7 @@ class TimelineFollower:
         events, history, gone = self._appeared(state, sorted(created), infos)  # may raise: nothing changes
         self._listed, self._compare = listed, False
         self.full_look_due = False
-        self._newest_when_last_look_began = state.newest_completed  # this look's events are not applied yet
+        self._newest_completed_when_last_look_began = state.newest_completed  # (before this look's events)
         for name in sorted(removed):
             file = _instant(name)
             if file is not None:
