@@ -26,14 +26,15 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
   the whole bucket, so at thousands of instants its listings, not the round trips, set the time).
 
 Per configuration it prints commits/s (commits over the wall time from the common start to the last
-writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by kind;
-and the round trips a write call makes **one after another** (the longest chain of its requests in which
-each starts after the previous one was answered), in the whole call and inside the table lock's critical
-section (from the lock's acquisition to the end of its release). Then the S3 server's own time a commit
-by kind of request (it answers one request at a time, so this bounds commits/s however short the round
-trips), where the lock's turns go at two writers or more (:mod:`bench.lock_turns`), the ratio to
-delta-rs and the targets of the object-storage issue. A benchmark, not a test: it exits 0 unless a writer
-crashed.
+writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by
+kind; and the round trips a write call makes **one after another** (the longest chain of its requests in
+which each starts after the previous one was answered), in the whole call and inside the table lock's
+critical section (from the lock's acquisition to the end of its release). Then the S3 server's own time a
+commit by kind of request (it answers one request at a time, so this bounds commits/s however short the
+round trips); the CPU a commit took of the writers, the server and the proxy, which share the machine's
+cores, and the commits/s at which those cores would be busy all the time; where the lock's turns go at two
+writers or more (:mod:`bench.lock_turns`), the ratio to delta-rs and the targets of the object-storage
+issue. A benchmark, not a test: it exits 0 unless a writer crashed.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ class Summary:
     locked: list[int]  # sequential round trips per lock hold
     locked_requests: list[int]  # requests per lock hold
     server: Counter[str]  # seconds the S3 server spent on the run's requests, by kind
+    cpu: dict[str, float]  # CPU seconds of the run: the writers' (over their calls), server's, proxy's
     turns: Turns  # the lock's turns, part by part
 
     @property
@@ -244,19 +246,26 @@ def run(
     engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy, server: Any
 ) -> Summary:
     target = cowrite_worker if engine == "cowrite" else delta_worker
-    busy_before = server.busy()
+    before: list[Any] = []
+
+    def start() -> None:  # the writers' start-up is not counted
+        proxy.reset()
+        before.extend((server.busy(), server.cpu(), proxy.cpu()))
+
     collected = {
         i: (r, w)
         for i, r, w in run_writers(
             target,
             writers,
             lambda i, ready, go, results: (uri, proxy.endpoint_url, i, commits, mode, ready, go, results),
-            before_go=proxy.reset,  # the writers' start-up is not counted
+            before_go=start,
         )
     }
     requests = proxy.requests()
     counts = proxy.reset()
+    busy_before, server_cpu, proxy_cpu = before
     busy = server.busy() - busy_before
+    cpu = {"S3 server": server.cpu() - server_cpu, "proxy": proxy.cpu() - proxy_cpu}
     merged = WriterResult()
     chains, locked, locked_requests = [], [], []
     for i, (part, windows) in collected.items():
@@ -275,8 +284,9 @@ def run(
     ended = max(p.ended for p in parts)
     first = [r for r in requests if r.client == f"{engine}0"]
     last_call = inside(first, collected[0][1].calls[-1]) if collected[0][1].calls else []
+    cpu = {"writers": sum(part.cpu for part in parts)} | cpu
     return Summary(engine, mode, writers, merged, max(0.0, ended - started), counts, chains, last_call,
-                   locked, locked_requests, busy, lock_turns(requests))
+                   locked, locked_requests, busy, cpu, lock_turns(requests))
 
 
 # -- tables ----------------------------------------------------------------------------------------
@@ -391,6 +401,17 @@ def server_time(s: Summary) -> str:
     return f"{s.server.total() / commits * 1000:.0f} = {kinds}"
 
 
+def cpu_time(s: Summary) -> str:
+    """The CPU a commit took, of the writers, the server and the proxy, and the commits/s at which the
+    machine's cores would be busy all the time: the ceiling where all three share them."""
+    commits = max(1, s.result.commits)
+    total = sum(s.cpu.values()) / commits
+    parts = ", ".join(f"{part} {seconds / commits * 1000:.0f}" for part, seconds in s.cpu.items())
+    ceiling = mp.cpu_count() / total if total else float("nan")
+    return (f"{total * 1000:.0f} = {parts}; the {mp.cpu_count()} cores allow {ceiling:.1f} commits/s, "
+            f"it made {s.rate:.2f} ({s.rate / ceiling:.0%})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delay", type=float, default=0.02, help="seconds each request is held (0.02)")
@@ -441,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nthe S3 server's own time a commit, ms (it answers one request at a time):")
     for s in summaries:
         print(f"  {s.engine} {s.mode} {s.writers}: {server_time(s)}")
+    print("\nCPU a commit, ms (the writers over their calls, the S3 server and the proxy share the cores):")
+    for s in summaries:
+        print(f"  {s.engine} {s.mode} {s.writers}: {cpu_time(s)}")
     print("\nthe lock's turns, from one holder's create to the next one's (bench/lock_turns.py):")
     for s in summaries:
         if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":  # apart: a lock per table

@@ -127,6 +127,15 @@ class DelayingProxy:
         with self._mutex:
             return list(self._requests)
 
+    def cpu(self) -> float:
+        """CPU seconds the proxy's thread has used so far: a network costs its clients no CPU, this proxy
+        takes it from the cores its clients run on."""
+        return asyncio.run_coroutine_threadsafe(self._thread_time(), self._loop).result(timeout=30)
+
+    @staticmethod
+    async def _thread_time() -> float:
+        return time.thread_time()
+
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> DelayingProxy:
         self._thread.start()

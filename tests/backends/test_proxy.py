@@ -55,6 +55,22 @@ def test_requests_arrive_intact_wait_their_round_trip_and_are_counted(s3_server:
         assert proxy.peak_in_flight > 1
 
 
+def test_the_cpu_the_proxy_and_the_server_take_from_the_cores_is_measured(s3_server: S3Server) -> None:
+    # the benchmark reckons the machine's ceiling from these: each must grow with the requests it serves
+    with DelayingProxy(s3_server.endpoint_url, delay=0.0) as proxy:
+        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        storage.write("warm", b"x")
+        proxy_before, server_before = proxy.cpu(), s3_server.cpu()
+        for n in range(40):
+            storage.write(f"c/{n}", bytes(1000))
+            storage.list("c")
+        assert proxy.cpu() > proxy_before
+        assert s3_server.cpu() > server_before
+        idle = proxy.cpu()
+        time.sleep(0.2)
+        assert proxy.cpu() - idle < 0.1  # the proxy's own thread, not the process's or the wall clock's
+
+
 def test_a_table_written_through_the_proxy_reads_back_with_hudi_rs(s3_server: S3Server) -> None:
     with DelayingProxy(s3_server.endpoint_url, delay=0.0) as proxy:
         options = through(s3_server, proxy)

@@ -42,9 +42,9 @@ SLOW = 1.0  # seconds: the S3 server reports a request it spent longer on
 
 
 class _Serialised:
-    """A WSGI app that handles one request at a time, answers ``GET /_listings`` with its counts and ``GET
-    /_busy`` with the time it spent on requests by kind, and stores the objects of a ``POST /_load``
-    (:meth:`S3Server.load`).
+    """A WSGI app that handles one request at a time, answers ``GET /_listings`` with its counts, ``GET
+    /_busy`` with the time it spent on requests by kind and ``GET /_cpu`` with its process's CPU seconds,
+    and stores the objects of a ``POST /_load`` (:meth:`S3Server.load`).
 
     Moto checks ``If-None-Match: *`` and then stores the object as two steps, so two concurrent conditional
     PUTs can both succeed; real S3 decides them atomically. Serialising requests restores the guarantee the
@@ -53,6 +53,7 @@ class _Serialised:
 
     LISTINGS = "/_listings"  # not valid bucket names, so no S3 request can mean them
     BUSY = "/_busy"
+    CPU = "/_cpu"
     LOAD = "/_load"
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
@@ -64,7 +65,10 @@ class _Serialised:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
-            counts = {self.LISTINGS: self.listings, self.BUSY: self.busy}.get(environ.get("PATH_INFO", ""))
+            path = environ.get("PATH_INFO", "")
+            counts = {self.LISTINGS: self.listings, self.BUSY: self.busy}.get(path)
+            if path == self.CPU:
+                counts = {"cpu": time.process_time()}
             if counts is not None:
                 start_response("200 OK", [("Content-Type", "application/json")])
                 return [json.dumps(counts).encode()]
@@ -184,6 +188,11 @@ class S3Server:
         ``LIST <directory under .hoodie/ or _delta_log/>`` or ``LIST data``. It answers one request at a
         time, so this is how much of its time each kind took."""
         return self._counts(_Serialised.BUSY)
+
+    def cpu(self) -> float:
+        """CPU seconds the server's process has used so far, all its threads: what it takes from the
+        machine's cores, where its clients run too."""
+        return self._counts(_Serialised.CPU)["cpu"]
 
     def listings(self, prefix: str) -> int:
         """ListObjectsV2 requests so far for keys starting with ``prefix`` (a bucket-relative path)."""
