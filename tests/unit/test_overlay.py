@@ -366,3 +366,26 @@ def test_a_listing_that_misses_an_earlier_commit_does_not_move_the_checkpoint_pa
     pulled = read.pull(table, None, mode)
     assert pulled.commits == (first.requested_time, second.requested_time)
     assert sorted(pulled.rows.column("id").to_pylist()) == ["a", "b"]
+
+
+def test_a_fenced_pull_stops_at_the_newest_commit_its_first_look_showed(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fenced pull reads no commit requested after the newest completed instant of its first look: every
+    instant requested before that one was claimed before the look ended, so the second look shows it and
+    the fence holds back what follows it while it is pending; after it, a claim of an earlier time may
+    still come. Such a commit is the next pull's."""
+    table = Table.create(str(tmp_path / "t"), name="t", record_key_fields=["id"], partition_fields=["p"])
+    writer = LocalWriter(table)
+    first = writer.insert(pa.table({"id": ["a"], "p": ["x"]}))
+    first_look = table.timeline()
+    second = writer.insert(pa.table({"id": ["b"], "p": ["y"]}))
+    looks = iter([first_look, table.timeline()])
+    with monkeypatch.context() as patched:
+        patched.setattr(table, "timeline", lambda: next(looks))
+        pulled = read.pull(table, None, PullMode.FENCE)
+    assert (pulled.commits, pulled.checkpoint) == ((first.requested_time,), first.requested_time)
+    assert pulled.rows.column("id").to_pylist() == ["a"]
+    later = read.pull(table, pulled.checkpoint, PullMode.FENCE)
+    assert (later.commits, later.checkpoint) == ((second.requested_time,), second.requested_time)
+    assert later.rows.column("id").to_pylist() == ["b"]
