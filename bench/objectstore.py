@@ -67,6 +67,7 @@ TARGET_RATIO_TOP = 5.0  # x delta-rs commits/s at the largest writer count
 TARGET_RATIO_ONE = 2.0  # x delta-rs commits/s at 1 writer
 TARGET_P99_S = 2.0
 TARGET_REQUESTS = 15.0
+TARGET_FLAT = 1.1  # requests a commit "flat": at most a tenth more with more writers or a longer history
 
 
 @contextmanager
@@ -495,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
             mine, peer = by_key[("cowrite", "disjoint", 1)], by_key[("delta-rs", "disjoint", 1)]
             met = mine.rate >= TARGET_RATIO_ONE * peer.rate
             checks.append((f"1 writer >= {TARGET_RATIO_ONE:.0f}x delta-rs", met))
+        alone = by_key[("cowrite", "disjoint", one)]
+        flat = [(f"from {one} to {top} writers", alone, ours)] if top > one else []
+        flat += [(f"with {s.mode}", ours, s) for s in summaries if s.mode.startswith("history")]
+        for label, base, more in flat:
+            grew = more.per_commit / base.per_commit
+            shown = f"{base.per_commit:.1f} to {more.per_commit:.1f}, {grew:.2f}x"
+            checks.append((f"requests a commit flat {label} ({shown})", grew <= TARGET_FLAT))
         print("\ntargets (object-storage issue, at 20 ms per request):")
         for label, met in checks:
             print(f"  {label}: {'met' if met else 'MISSED'}")
