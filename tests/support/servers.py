@@ -65,10 +65,12 @@ class _Serialised:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with self._lock:
-            path = environ.get("PATH_INFO", "")
-            counts = {self.LISTINGS: self.listings, self.BUSY: self.busy}.get(path)
-            if path == self.CPU:
-                counts = {"cpu": time.process_time()}
+            answers = {
+                self.LISTINGS: self.listings,
+                self.BUSY: self.busy,
+                self.CPU: {"cpu": time.process_time()},
+            }
+            counts = answers.get(environ.get("PATH_INFO", ""))
             if counts is not None:
                 start_response("200 OK", [("Content-Type", "application/json")])
                 return [json.dumps(counts).encode()]
