@@ -59,6 +59,7 @@ from cowrite.protocol.locks.lock_files import (
 from cowrite.protocol.locks.zookeeper import ZooKeeperLock
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
+from cowrite.storage.inotify import NewFiles
 from cowrite.storage.together import finish_background
 
 WORKER = Path(lock_worker.__file__)
@@ -398,6 +399,46 @@ def test_a_waiter_that_gives_up_leaves_no_place_behind(s3_storage: Storage) -> N
         waiter.acquire(timeout=0.5)
     finish_background()
     assert lock_ids(s3_storage) == ["lock1.acquired"]  # its place, lock2.queued, went with it
+
+
+def test_a_waiter_that_handed_its_commit_over_behind_another_asks_again_two_holds_later(
+    s3_storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder reads the queue as its turn begins (group commit), so a commit handed over behind another
+    waiter's is published at the end of the next turn at the earliest: its waiter first asks again two
+    holds after it queued, then every hold. The first in the queue, which takes the next turn, asks every
+    hold."""
+    hold = 0.05
+    monkeypatch.setattr(filesystem, "hold_seconds", lambda uri: hold)
+    pauses: dict[str, list[float]] = {}
+    wait = NewFiles.wait
+
+    def noted(self: NewFiles, seconds: float) -> None:
+        pauses.setdefault(threading.current_thread().name, []).append(seconds)
+        wait(self, seconds)
+
+    monkeypatch.setattr(NewFiles, "wait", noted)
+    holder = fs_lock(s3_storage, LockHolder(owner="holder"))
+    holder.acquire(timeout=5)
+
+    def hand_over(name: str) -> None:
+        paced = RetryPolicy(delay=0.0, max_delay=0.0, jitter=0.0, deadline=30.0)  # every pause is the pace
+        lock = FileSystemLock(s3_storage, LockHolder(owner=name), PATIENT, paced)
+        lock.request = f"the commit of {name}".encode()
+        lock.acquire()
+        lock.release()
+
+    waiters = [threading.Thread(target=hand_over, args=(name,), name=name) for name in ("first", "later")]
+    for waiter, place in zip(waiters, (2, 3), strict=True):
+        waiter.start()
+        wait_until(lambda place=place: s3_storage.exists(queued_path(place)), f"the place lock{place}.queued")
+    wait_until(lambda: len(pauses.get("later", [])) >= 2, "the later waiter's second pause")
+    holder.release()
+    for waiter in waiters:
+        waiter.join(timeout=30)
+    finish_background()
+    assert pauses["first"][:2] == [hold, hold]
+    assert pauses["later"][:2] == [2 * hold, hold]
 
 
 @pytest.mark.usefixtures("every_taker_confirms")

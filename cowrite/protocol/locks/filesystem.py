@@ -129,6 +129,7 @@ class FileSystemLock(TableLock):
         self._highest = 0  # the highest id of this waiter's last listing
         self._asked = 0.0  # seconds that listing took
         self._place: int | None = None  # the id this waiter queued for (object stores)
+        self._behind = False  # whether it took that place behind another waiter's, and has not asked since
         self._left: tuple[int, float] | None = None  # (free id, since when) the next is left to its waiter
         self._last = LockFiles(frozenset(), frozenset())  # this object's last listing
 
@@ -146,6 +147,7 @@ class FileSystemLock(TableLock):
         policy = self._policy(timeout)
         settle(self.storage.uri)
         self._seen = self._waited_for = self._first_seen = self._place = self._left = None
+        self._behind = False
         self._waiting_since = time.monotonic()
         # On an object store, where nothing tells of a release and every try is a request, waiters pause
         # until about when their turn comes (_pace), and rather early than late: a waiter that asks in
@@ -265,14 +267,19 @@ class FileSystemLock(TableLock):
         return read_places(self.storage, sorted(place for place in queued if place > held)[:_MOST_REQUESTS])
 
     def _pace(self) -> float:
-        """For a waiter with a place in the queue, about as long as the turns ahead of it will last (the
-        rest of the current one and each before its own) less most of a hold, and a quarter of a hold
-        once its place is next: a lock left free while its waiter sleeps costs every waiter. Otherwise
-        about twice as long as a hold of the lock lasts, less the more turns this waiter has seen go by
-        (down to a quarter of a hold), so that who has waited longest tends to try first."""
+        """For a waiter that handed its commit over, a hold: a holder ahead may publish it at the end of
+        any turn. But two before its first ask after it queued behind another waiter: a holder reads the
+        queue as its turn begins, so such a commit is published at the end of the next turn at the
+        earliest, and the waiter ahead takes that turn. For another waiter with a place in the queue,
+        about as long as the turns ahead of it will last (the rest of the current one and each before its
+        own) less most of a hold, and a quarter of a hold once its place is next: a lock left free while
+        its waiter sleeps costs every waiter. Otherwise about twice as long as a hold of the lock lasts,
+        less the more turns this waiter has seen go by (down to a quarter of a hold), so that who has
+        waited longest tends to try first."""
         hold = self._hold()
-        if self.requested:  # a holder ahead may publish this waiter's commit at the end of any turn
-            return hold
+        if self.requested:
+            behind, self._behind = self._behind, False
+            return 2 * hold if behind else hold
         if self._place is not None and self._place > self._highest:
             # Counted in holds, not in turns as waiters see them go by: those lengthen with every late
             # waiter, and the pauses with them.
@@ -331,6 +338,7 @@ class FileSystemLock(TableLock):
         highest = files.highest
         if self._place is None or self._place <= highest:
             self._place = self._queue_at(max(files.queued | {highest}) + 1)
+            self._behind = self._place is not None and any(place > highest for place in files.queued)
 
     def _leave_queue(self) -> None:
         """Give up this waiter's place, if it has one, so that others do not leave it free for it."""
