@@ -270,7 +270,7 @@ class FileSystemLock(TableLock):
         """For a waiter that handed its commit over, a hold: a holder ahead may publish it at the end of
         any turn. But two before its first ask after it queued behind another waiter: a holder reads the
         queue as its turn begins, so such a commit is published at the end of the next turn at the
-        earliest, and the waiter ahead takes that turn. For another waiter with a place in the queue,
+        earliest, which a waiter ahead of it takes. For another waiter with a place in the queue,
         about as long as the turns ahead of it will last (the rest of the current one and each before its
         own) less most of a hold, and a quarter of a hold once its place is next: a lock left free while
         its waiter sleeps costs every waiter. Otherwise about twice as long as a hold of the lock lasts,
