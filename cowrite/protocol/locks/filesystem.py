@@ -42,7 +42,6 @@ from cowrite.protocol.locks.lock_files import (
     collectable,
     created_at,
     delete_in_order,
-    describe_holder,
     describe_release,
     expire_lock,
     holder_or_unknown,
@@ -52,6 +51,7 @@ from cowrite.protocol.locks.lock_files import (
     released_path,
     scan,
     staleness,
+    timeout_error,
     write_release,
 )
 from cowrite.protocol.locks.releases import end_turn, hold_seconds, last_turn, releasing, settle
@@ -147,7 +147,6 @@ class FileSystemLock(TableLock):
         policy = self._policy(timeout)
         settle(self.storage.uri)
         self._seen = self._waited_for = self._first_seen = self._place = self._left = None
-        self._behind = False
         self._waiting_since = time.monotonic()
         # On an object store, where nothing tells of a release and every try is a request, waiters pause
         # until about when their turn comes (_pace), and rather early than late: a waiter that asks in
@@ -267,15 +266,13 @@ class FileSystemLock(TableLock):
         return read_places(self.storage, sorted(place for place in queued if place > held)[:_MOST_REQUESTS])
 
     def _pace(self) -> float:
-        """For a waiter that handed its commit over, a hold: a holder ahead may publish it at the end of
-        any turn. But two before its first ask after it queued behind another waiter: a holder reads the
-        queue as its turn begins, so such a commit is published at the end of the next turn at the
-        earliest, which a waiter ahead of it takes. For another waiter with a place in the queue,
-        about as long as the turns ahead of it will last (the rest of the current one and each before its
-        own) less most of a hold, and a quarter of a hold once its place is next: a lock left free while
-        its waiter sleeps costs every waiter. Otherwise about twice as long as a hold of the lock lasts,
-        less the more turns this waiter has seen go by (down to a quarter of a hold), so that who has
-        waited longest tends to try first."""
+        """For a waiter that handed its commit over, a hold (a holder ahead may publish it at the end of any
+        turn), but two before its first ask behind another waiter: holders read the queue as their turn
+        begins, so that commit is published at the end of the next turn at the earliest. For another waiter
+        with a place, about as long as the turns ahead of it will last less most of a hold, and a quarter
+        hold once its place is next: a lock left free while its waiter sleeps costs every waiter. Otherwise
+        about two holds, less the more turns it has seen go by (down to a quarter), so that who has waited
+        longest tends to try first."""
         hold = self._hold()
         if self.requested:
             behind, self._behind = self._behind, False
@@ -439,22 +436,12 @@ class FileSystemLock(TableLock):
         return _Outcome.AGAIN
 
     def _timeout_error(self, deadline: float | None) -> LockTimeoutError:
-        waited = f"within {deadline} s" if deadline is not None else "in the allowed number of tries"
         if self._seen is None and self._waited_for is not None:  # a young lock's holder was not read
             try:
                 self._seen = (self._waited_for, holder_or_unknown(self.storage, self._waited_for))
             except (FileNotFoundError, CowriteError):
                 pass
-        if self._seen is None:
-            held_by = "other writers kept taking it first"
-        else:
-            held_by = f"it is held by {describe_holder(self._seen[1], self._seen[0])}"
-        return LockTimeoutError(
-            f"table lock on {self.storage.uri} not acquired {waited}: {held_by}. Wait and retry; "
-            f"if that holder is dead, its lock expires {self.heartbeat.tolerance} s after its last heartbeat "
-            "(or, without an instant, after it took the lock) and the next contender or the cowrite daemon "
-            f"releases it then (files in {self.storage.full_path(LOCK_DIR)})"
-        )
+        return timeout_error(self.storage, deadline, self.heartbeat.tolerance, self._seen)
 
     def release(self) -> None:
         """Create this turn's note, or ``lock<id>.released`` when it noted nothing; a lock already expired

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 
-from cowrite.errors import CorruptTimelineError, CowriteError
+from cowrite.errors import CorruptTimelineError, CowriteError, LockTimeoutError
 from cowrite.process import keep_mapping, memo
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
@@ -405,6 +405,22 @@ def expire_lock(
 
 def describe_holder(holder: LockHolder, lock_id: int) -> str:
     return f"{holder.owner} (instant {holder.instant or 'none'}, lock{lock_id})"
+
+
+def timeout_error(
+    storage: Storage, deadline: float | None, tolerance: float, seen: tuple[int, LockHolder] | None
+) -> LockTimeoutError:
+    """What a wait for the lock that ran out of time raises, naming the holder ``seen`` (its id) if any."""
+    waited = f"within {deadline} s" if deadline is not None else "in the allowed number of tries"
+    held_by = "other writers kept taking it first"
+    if seen is not None:
+        held_by = f"it is held by {describe_holder(seen[1], seen[0])}"
+    return LockTimeoutError(
+        f"table lock on {storage.uri} not acquired {waited}: {held_by}. Wait and retry; if that holder is "
+        f"dead, its lock expires {tolerance} s after its last heartbeat (or, without an instant, after it "
+        "took the lock) and the next contender or the cowrite daemon releases it then (files in "
+        f"{storage.full_path(LOCK_DIR)})"
+    )
 
 
 def expire_stale_lock(
