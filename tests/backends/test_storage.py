@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import dateutil.parser
 import pyarrow as pa
 import pytest
 from support.servers import S3Server
@@ -191,6 +192,26 @@ def test_an_insert_lists_only_the_partitions_it_touches(s3_server: S3Server) -> 
     data = {prefix: n for prefix, n in listed.items() if not prefix.startswith(f"{name}/.hoodie/")}
     assert data == {f"{name}/p={p}/": 1 for p in "xyz"}
     assert sum(listed.values()) <= 10, listed  # the rest: the timeline and the lock directory
+
+
+def test_listed_keys_times_are_read_without_dateutil_and_agree_with_the_header(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every key a listing returns carries its time in ISO 8601, read by the standard library rather
+    than dateutil's general parser (botocore's default, most of a writer's CPU in reading a listing); a
+    HEAD's HTTP date still goes to botocore's parser, and both give the same time."""
+    storage = Storage.for_uri(
+        f"s3://{s3_server.bucket}/times-{uuid.uuid4().hex}", **s3_server.storage_options()
+    )
+    storage.write("dir/a", b"x")
+    from_header = storage.stat("dir/a").modified
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a listed key's time went to dateutil")
+
+    monkeypatch.setattr(dateutil.parser, "parse", refuse)
+    assert [i.modified for i in storage.list("dir")] == [from_header]
+    assert [i.modified for i in storage.list_after("dir", "")] == [from_header]
 
 
 def test_portable_options_carry_what_the_aws_environment_gave_to_a_process_without_it(
