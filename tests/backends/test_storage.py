@@ -198,8 +198,8 @@ def test_listed_keys_times_are_read_without_dateutil_and_agree_with_the_header(
     s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every key a listing returns carries its time in ISO 8601, read by the standard library rather
-    than dateutil's general parser (botocore's default, most of a writer's CPU in reading a listing); a
-    HEAD's HTTP date still goes to botocore's parser, and both give the same time."""
+    than dateutil's general parser (botocore's default, the bulk of its parsing of a listing); a HEAD's
+    HTTP date still goes to botocore's parser, and both give the same time."""
     storage = Storage.for_uri(
         f"s3://{s3_server.bucket}/times-{uuid.uuid4().hex}", **s3_server.storage_options()
     )
