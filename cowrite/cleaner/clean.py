@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from cowrite.errors import InstantGoneError
+from cowrite.format import claims
 from cowrite.format.fs_view import (
     BaseFile,
     FileSystemView,
@@ -103,7 +104,9 @@ def clean(table: Table, lock: TableLock, commits_retained: int, now: float | Non
         instant = (
             pending[0]
             if pending
-            else table.claim_instant(timeline, Action.CLEAN, int(now * 1000), plan.to_bytes(), lock=lock)
+            else claims.claim_instant(
+                table, timeline, Action.CLEAN, int(now * 1000), plan.to_bytes(), lock=lock
+            )
         )
     started = time.monotonic()
     # A plan only ever names superseded or replaced base files; anything else in it (a damaged or forged

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from cowrite.errors import CorruptTimelineError, InstantGoneError
+from cowrite.format import claims
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import BaseFile, own_files
 from cowrite.format.instant import Action, Instant, State
@@ -106,7 +107,9 @@ def _start(
         # After a completed rollback the instant is back: its writer, paused between its last lease
         # check and writing ``.inflight``, wrote it when it resumed. It is rolled back once more.
         plan = RollbackPlan(current.requested_time, current.action.value, planned_files(table, current))
-        return table.claim_instant(timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes(), lock=lock)
+        return claims.claim_instant(
+            table, timeline, Action.ROLLBACK, int(now * 1000), plan.to_bytes(), lock=lock
+        )
 
 
 def _rollback_underway(table: Table, timeline: Timeline, target: Instant) -> Instant | None:
@@ -229,24 +232,43 @@ def remove_withdrawn_claims(table: Table) -> list[Instant]:
     """Delete the files of claims withdrawn but left behind, a plan before its claim; return them.
 
     Two claimants of one time (of two actions) both list after claiming, and the later to list withdraws
-    (:meth:`Table._claim`). A withdrawal that failed, or a claimant killed before it, leaves its
-    ``.requested`` file (and a writer's plan, written beside that listing) behind the other action's
-    instant, where a timeline (one instant per time) hides them from every rollback;
+    (:func:`~cowrite.format.claims.claim`). A withdrawal that failed, or a claimant killed before it,
+    leaves its ``.requested`` file (and a writer's plan, written beside that listing) behind the other
+    action's instant, where a timeline (one instant per time) hides them from every rollback;
     :func:`~cowrite.format.timeline.left_behind` tells them apart, since only the claim that stands
-    proceeds. Nothing was written under them, and a claimant that is only paused lists again, misses its
-    file and claims anew. Reads the last listing of the timeline (:meth:`Timeline.load`).
+    proceeds. Under such a claim only a write that went ahead of its listing wrote anything: the base
+    files its ``.requested`` plan names, which go first. A claimant that is only paused lists again,
+    misses its file and claims anew. Reads the last listing of the timeline (:meth:`Timeline.load`).
     """
     at_shared: dict[str, list[Instant]] = {}
     for instant in Timeline.listed_at_shared_times(table.storage):
         at_shared.setdefault(instant.requested_time, []).append(instant)
     removed = []
     for instants in at_shared.values():
-        for instant in sorted(left_behind(instants), key=attrgetter("state"), reverse=True):
+        behind = left_behind(instants)
+        for path in (f for i in behind for f in _written_ahead(table, i)):  # one by one, as a withdrawal
+            table.storage.delete(path)
+        for instant in sorted(behind, key=attrgetter("state"), reverse=True):
             table.storage.delete(table.instant_path(instant))
             removed.append(instant)
     if removed:
         log.info("removed withdrawn claims: %s", ", ".join(i.file_name for i in removed))
     return removed
+
+
+def _written_ahead(table: Table, claim: Instant) -> tuple[str, ...]:
+    """The base files a writer's claim may have had written ahead of its listing: those its plan names."""
+    if claim.action is not Action.COMMIT or claim.state is not State.REQUESTED:
+        return ()
+    path = table.instant_path(claim)
+    try:
+        data = table.storage.read(path)
+        return tuple(own_files(CommitMetadata.from_bytes(data, path), claim.requested_time)) if data else ()
+    except FileNotFoundError:
+        return ()
+    except CorruptTimelineError as exc:
+        log.warning("unreadable plan of withdrawn claim %s (%s); deleting no data files for it", claim, exc)
+        return ()
 
 
 def rollback_failed(

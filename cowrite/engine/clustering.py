@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from cowrite.engine.file_group import read_base_file
 from cowrite.engine.records import FILE_NAME, RECORD_KEY
+from cowrite.format import claims
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import BaseFile, FileSystemView
@@ -125,7 +126,7 @@ def schedule_clustering(
             ).to_bytes(Action.REPLACE_COMMIT)
 
         now_ms = int((time.time() if now is None else now) * 1000)
-        return table.claim_instant(timeline, Action.REPLACE_COMMIT, now_ms, plan_for, lock=lock)
+        return claims.claim_instant(table, timeline, Action.REPLACE_COMMIT, now_ms, plan_for, lock=lock)
 
 
 def execute_clustering(
@@ -219,7 +220,7 @@ def revert_clusterings(table: Table, written: Mapping[tuple[str, str], str]) -> 
             for partition, file_id in made:
                 replaced.setdefault(partition, set()).add(file_id)
         now = int(transaction.options.clock() * 1000)
-        requested = table.claim_instant(timeline, Action.REPLACE_COMMIT, now, lock=transaction.lock)
+        requested = claims.claim_instant(table, timeline, Action.REPLACE_COMMIT, now, lock=transaction.lock)
         jobs = [(partition, f"{uuid.uuid4()}-0", source) for partition, source in sources]
         stats = []
         planned = CommitMetadata(

@@ -34,16 +34,18 @@ def write_instant(
     write: Callable[[Transaction], CommitMetadata],
     alongside: Callable[[], object] | None = None,
     draft: Callable[[str], CommitMetadata | None] | None = None,
+    write_ahead: Callable[[str], object] | None = None,
 ) -> Instant:
     """Begin a transaction, let ``write`` write its base files and return their commit metadata, then
     :func:`complete` it.
 
     Whatever ``write`` raises aborts the transaction (its planned files are deleted, its heartbeat marks
     it failed for the rollback) and propagates; so do :meth:`Transaction.begin`'s and the commit's errors.
-    ``alongside`` and ``draft``: requests made beside the claim, and the plan drafted beside it and written
-    beside the listing after it (see :meth:`Transaction.begin`).
+    ``alongside``, ``draft`` and ``write_ahead``: requests made beside the claim, the plan drafted beside it
+    (or before it, to go ahead) and written beside the listing after it, and the files written ahead of
+    that listing (see :meth:`Transaction.begin`).
     """
-    transaction = Transaction.begin(table, operation, action, options, alongside, draft)
+    transaction = Transaction.begin(table, operation, action, options, alongside, draft, write_ahead)
     try:
         metadata = write(transaction)
     except BaseException as exc:

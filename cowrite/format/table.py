@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from cowrite.errors import (
     ConfigError,
-    CowriteError,
     InstantGoneError,
     InvalidTablePropertiesError,
-    LeaseLostError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -39,9 +35,8 @@ from cowrite.format.properties import format_properties, parse_properties
 from cowrite.format.service_metadata import CleanPlan, RollbackPlan
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.process import keep_mapping, memo
-from cowrite.steps import Step, observed, reached
 from cowrite.storage.backend import Storage
-from cowrite.storage.together import beside, together
+from cowrite.storage.together import together
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +46,6 @@ PROPERTIES_FILE = ".hoodie/hoodie.properties"
 TABLE_SERVICE_OPERATIONS = frozenset({"cluster"})
 SUPPORTED_VERSION = 8
 SUPPORTED_LAYOUT = 2
-
-
-class HeldLock(Protocol):
-    """The table lock as a claim needs it (:class:`~cowrite.protocol.locks.TableLock` is one)."""
-
-    def check_held(self) -> None:
-        """Raise :class:`LeaseLostError` unless this process still holds the lock."""
 
 
 class Table:
@@ -259,131 +247,6 @@ class Table:
             self.commit_metadata(instant)
         return timeline
 
-    def claim_instant(
-        self,
-        timeline: Timeline,
-        action: Action,
-        now_millis: int,
-        plan: bytes | Callable[[str], bytes] = b"",
-        *,
-        lock: HeldLock,
-    ) -> Instant:
-        """Claim a new ``.requested`` instant for a table service (see :meth:`_claim`); ``timeline`` was
-        loaded under ``lock``, the table lock the caller holds.
-
-        A claimant paused past the lock's lease may have picked, from a stale timeline, a time someone
-        else has since claimed: so the lock is checked before and after the claim, and a claim made
-        without it is withdrawn: it raises :class:`LeaseLostError`, and nothing of it stays (lock expiry is
-        final, so a lock still held after the claim was held throughout).
-        """
-        lock.check_held()
-        instant, _, _ = self._claim(timeline, action, now_millis, plan)
-        try:
-            lock.check_held()
-        except LeaseLostError:
-            self.withdraw(instant, "claimed without the lock")
-            raise
-        return instant
-
-    def begin_instant(
-        self,
-        action: Action,
-        now_millis: int,
-        meanwhile: Callable[[str], object] | None = None,
-        plan: Callable[[str], bytes | None] | None = None,
-    ) -> tuple[Instant, Timeline, float]:
-        """Claim a new ``.requested`` instant for a writer, without the table lock (see :meth:`_claim`);
-        return it with the timeline the write begins on, listed after the claim, and when (on
-        ``time.monotonic()``) the create of the claim that stood began: the writer's lease runs from there.
-
-        That timeline shows every instant completed before the claim was made: what the cleaner and the
-        archiver take a pending writer to have seen (they order the two by the files' modification
-        times). The time is picked after the newest instant of the last timeline this process listed,
-        which saves a listing; a claim that turns out too early is made again. ``meanwhile(time)`` (requests
-        the writer makes before that listing, such as noting the lock's turn, and work such as drafting its
-        plan for ``time``) runs beside the first try to claim ``time``: one round trip for both on an object
-        store; it must not raise. ``plan(time)``, the ``.inflight`` content drafted for a claim of ``time``
-        that stood (or None), is written beside the listing after it, and withdrawn with the claim.
-        """
-        last = Timeline.last_listed(self.storage)
-        return self._claim(last, action, now_millis, meanwhile=meanwhile, inflight=plan)
-
-    def _claim(
-        self,
-        timeline: Timeline,
-        action: Action,
-        now_millis: int,
-        plan: bytes | Callable[[str], bytes] = b"",
-        meanwhile: Callable[[str], object] | None = None,
-        inflight: Callable[[str], bytes | None] | None = None,
-    ) -> tuple[Instant, Timeline, float]:
-        """Create ``.requested`` at the first free time after ``timeline``'s newest instant and every time
-        this process tried before, no earlier than ``now_millis``; return it with the timeline listed right
-        after, and the ``time.monotonic()`` at which its create began (its file was written after that).
-
-        The file is created only if absent (test-and-set), and the claim stands if the listing after it
-        shows it, no other action's instant at the same time (each time names one instant) and no completed
-        instant with a later time (its base files would outrank ours in the file groups both touch).
-        Otherwise it is withdrawn and made again after what the listing showed. So an instant claimed after
-        another completed carries the later time. A pending instant of a later time, claimed meanwhile, is
-        no reason to withdraw: whichever of the two completes second finds the other in its conflict check
-        (by identity); withdrawing would let claims made at once stand one a round (the latest each time).
-        Of two claimants of one time, the later to list sees the other: one withdraws.
-        """
-        while True:
-            floor = timeline.last.requested_time if timeline.last else None  # in time order
-            millis = max(now_millis, to_millis(floor) + 1 if floor else 0, _tried.get(self.storage, -1) + 1)
-            reached(Step.CLAIMING)
-            while True:
-                instant = Instant(from_millis(millis), action, State.REQUESTED)
-                _tried[self.storage] = millis
-                content = plan(instant.requested_time) if callable(plan) else plan  # a plan may name its time
-                create = partial(self.storage.create_if_absent, self.instant_path(instant), content)
-                made_at = time.monotonic()
-                side = meanwhile and partial(meanwhile, instant.requested_time)
-                created, meanwhile = beside(self.storage, create, side), None
-                if created:
-                    break
-                millis += 1
-            drafted, inflight = inflight and inflight(instant.requested_time), None
-            path = self.instant_path(instant.transition(State.INFLIGHT))
-            planned = partial(self.storage.write, path, drafted) if drafted else None
-            try:
-                after = beside(self.storage, partial(self.timeline, tail=True), planned)
-                shared = instant.requested_time in Timeline.shared_times(self.storage)
-            except BaseException:
-                # Not known to stand, and nothing is written under it: withdrawn now, it needs no rollback
-                # (left behind, its time could be claimed again once it is rolled back, then rolled back
-                # twice).
-                self.withdraw(instant, "the listing after it failed", planned=bool(planned))
-                raise
-            later = next((i for i in after.after(instant.requested_time) if i.is_completed), None)
-            # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.
-            listed = after.get(instant.requested_time)
-            gone = listed is None or listed.action is not instant.action
-            if not shared and later is None and not gone:
-                break
-            clash = "another action's instant at its time" if shared or gone else f"{later} later"
-            self.withdraw(instant, f"{clash} meanwhile", planned=bool(planned))
-            timeline = after
-        if observed():
-            seen = sorted(i.requested_time for i in after if i.is_completed)
-            made = time.time() - (time.monotonic() - made_at)  # the claim judges see is no older
-            reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen, made=made)
-        return instant, after, made_at
-
-    def withdraw(self, instant: Instant, why: str, planned: bool = False) -> None:
-        """Delete the ``.requested`` file of a claim under which nothing was written (its ``.inflight``
-        first, if it may be ``planned``), at once; if that fails the lazy rollback removes them later."""
-        try:
-            if planned:
-                self.storage.delete(self.instant_path(instant.transition(State.INFLIGHT)))
-            self.storage.delete(self.instant_path(instant))
-        except CowriteError as exc:  # nothing was written under it: a rollback removes it later
-            log.warning("could not withdraw %s (%s): %s", instant, why, exc)
-        else:
-            log.info("withdrew %s: %s", instant, why)
-
     @staticmethod
     def completion_time(timeline: Timeline, requested_time: str, now_millis: int) -> str:
         """A completion time after the instant's own request and every earlier completion."""
@@ -438,8 +301,8 @@ class Table:
     def service_plan(self, instant: Instant) -> CommitMetadata | None:
         """The plan of a pending table service (clustering), which counts as touching its file groups.
 
-        Table services publish their plan in ``<t>.replacecommit.requested``; writers leave their
-        ``.requested`` empty, so an empty file means "not a table service".
+        Table services publish their plan in ``<t>.replacecommit.requested``; a writer's ``.requested`` is
+        empty, or a commit's plan (one that went ahead of its listing, :mod:`~cowrite.format.claims`).
         """
         if instant.is_completed or instant.action is not Action.REPLACE_COMMIT:
             return None
@@ -464,13 +327,6 @@ def _read_timeline_file(storage: Storage, path: str) -> bytes:
     except FileNotFoundError:
         Timeline.forget(storage)  # a tail of the timeline may have shown it: the next listing is in full
         raise InstantGoneError(storage.full_path(path)) from None
-
-
-# A time names one instant: a process never tries one twice, since a create whose answer was lost may
-# have made its claim, which no listing of the process showed yet.
-_tried: weakref.WeakKeyDictionary[Storage, int] = keep_mapping(
-    f"{__name__}._tried", weakref.WeakKeyDictionary(), "a time per live Storage", "never claim a time twice"
-)
 
 
 # Completed commits this process published, newest last (a dict keeps insertion order).

@@ -101,7 +101,8 @@ class LocalWriter:
         knew = self.table.known_timeline()  # the plan is drafted from it; nothing is listed before the claim
         known = knew.completed_times
         early: list[EarlyListing] = []
-        drafts: list[Draft] = []
+        drafts: dict[str, Draft] = {}  # by the instant time each names
+        ahead: dict[str, list[WriteStat]] = {}  # the files written ahead of the listing, by instant time
         written: list[tuple[CommitMetadata, Draft, frozenset[str], frozenset[str]]] = []
         kept = self._listed  # the files of these partitions as this process's last write left them
         if kept is not None and (held.partitions is None or kept.partitions != tuple(held.partitions)):
@@ -124,11 +125,17 @@ class LocalWriter:
             claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
             expected = Timeline([*knew, claim])
             try:
-                drafts.append(self._draft(instant, held, expected, early[0]))
+                drafts[instant] = self._draft(instant, held, expected, early[0])
             except Exception as exc:  # beside the claim, which must not fail: it costs the plan after
                 log.info("planning %s before the timeline failed: %s", instant, exc)
                 return None
-            return drafts[0].plan
+            return drafts[instant].plan
+
+        def write_ahead(instant: str) -> None:  # beside the listing after the claim that carries the plan
+            draft = drafts[instant]
+            ahead[instant] = [
+                self._write_group(draft, task, work, instant) for task, work in enumerate(draft.works)
+            ]
 
         def write(transaction: Transaction) -> CommitMetadata:
             # Listing early serves when the commits completed since this process last looked wrote
@@ -137,22 +144,29 @@ class LocalWriter:
             begun, listed = transaction.begin_timeline, early[0] if early else kept
             apart = self._apart(begun, listed)
             self._list_early = completed(begun) <= known | apart
-            ready = drafts[0] if drafts and transaction.planned is not None else None
+            ready = drafts.get(transaction.instant_time) if transaction.planned is not None else None
             holding = replace(listed, known=listed.known | apart) if listed else None
-            written.append(
-                (*self._write_files(transaction, held, holding, ready, apart), apart, completed(begun))
+            made = self._write_files(
+                transaction, held, holding, ready, apart, ahead.get(transaction.instant_time)
             )
+            written.append((*made, apart, completed(begun)))
             return written[0][0]
 
         listing = held.partitions is not None and self._list_early
+        # What this process knows of the partitions needs no request: the plan is drafted before the claim
+        # and carried by it, and the write goes ahead of the listing after it.
+        going = listing and kept is not None and kept.holds(knew, held.partitions)
+        if going:
+            list_early()
         done = write_instant(
             self.table,
             held.operation.value,
             held.operation.action,
             self.options,
             write,
-            alongside=list_early if listing else None,
+            alongside=list_early if listing and not going else None,
             draft=draft if listing else None,
+            write_ahead=write_ahead if going else None,
         )
         self._listed = None
         if not written:
@@ -244,48 +258,58 @@ class LocalWriter:
         early: EarlyListing | None = None,
         ready: Draft | None = None,
         apart: frozenset[str] = frozenset(),
+        ahead: list[WriteStat] | None = None,
     ) -> tuple[CommitMetadata, Draft]:
         """Plan the write on the timeline it begins on, unless ``ready`` (the plan written beside that
         timeline's listing) was made on one with the same basis, but for the commits ``apart`` from its
-        partitions; then write its files. Returns what it wrote, and the plan it followed."""
+        partitions; then write its files, unless ``ready`` stands and they were written ``ahead`` of that
+        listing. Files written ahead on a plan that does not stand, and not written again, are deleted
+        first. Returns what it wrote, and the plan it followed."""
         table, instant = self.table, transaction.instant_time
         draft = ready
         if draft is None or draft.basis != Draft.basis_of(table, transaction.begin_timeline, apart):
             draft = self._draft(instant, held, transaction.begin_timeline, early)
             transaction.plan(draft.plan)
-        operation, tagged = draft.operation, draft.tagged
-        stats = []
-        for task, (bucket, work) in enumerate(zip(draft.buckets, draft.works, strict=True)):
+            # before the commit, which would make them visible: their names carry its time
+            for path in {s.path for s in ahead or ()} - {s.path for s in draft.plan.write_stats}:
+                table.storage.delete(path)
+            ahead = None
+        stats = list(ahead) if ahead is not None else []
+        for task, work in enumerate(draft.works if ahead is None else ()):
             transaction.check_alive()
-            rows = pa.chunked_array(bucket.rows, pa.uint64()) if bucket.rows else pa.array([], pa.uint64())
-            rows_in_group = tagged.take(rows).drop_columns(
-                [c for c in (FILE_ID,) if c in tagged.column_names]
-            )
-            deleted_keys = None
-            if operation is Operation.DELETE:
-                deleted_keys = rows_in_group.column(RECORD_KEY).combine_chunks()
-                rows_in_group = rows_in_group.select([RECORD_KEY, PARTITION_PATH]).slice(0, 0)
-            write = partial(
-                write_file_group,
-                table.storage,
-                work,
-                instant,
-                rows_in_group,
-                deleted_keys=deleted_keys,
-                ordering=table.ordering_fields,
-                compression=self.options.config.get(keys.PARQUET_COMPRESSION),
-                task=task,
-                recent=self._recent,
-            )
+            write = partial(self._write_group, draft, task, work, instant)
             # the last file is written beside taking the lock for the commit that follows
             stats.append(transaction.beside_the_lock(write) if task == len(draft.works) - 1 else write())
-            reached(Step.FILE_GROUP_WRITTEN, instant)
-        done = self._metadata(operation, stats, draft.replaced, draft.schema)
-        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and operation is not Operation.DELETE:
+        done = self._metadata(draft.operation, stats, draft.replaced, draft.schema)
+        tagged = draft.tagged
+        if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and draft.operation is not Operation.DELETE:
             new = tagged if FILE_ID not in tagged.column_names else tagged.filter(pc.is_null(tagged[FILE_ID]))
             pairs = zip(new[PARTITION_PATH].to_pylist(), new[RECORD_KEY].to_pylist(), strict=True)
             done = replace(done, extra={INSERTED_KEYS: KeySummary.of(pairs).to_json()})
         return done, draft
+
+    def _write_group(self, draft: Draft, task: int, work: FileGroupWrite, instant: str) -> WriteStat:
+        """Write the new base file of ``draft``'s file group ``task``."""
+        tagged, bucket = draft.tagged, draft.buckets[task]
+        rows = pa.chunked_array(bucket.rows, pa.uint64()) if bucket.rows else pa.array([], pa.uint64())
+        rows_in_group = tagged.take(rows).drop_columns([c for c in (FILE_ID,) if c in tagged.column_names])
+        deleted_keys = None
+        if draft.operation is Operation.DELETE:
+            deleted_keys = rows_in_group.column(RECORD_KEY).combine_chunks()
+            rows_in_group = rows_in_group.select([RECORD_KEY, PARTITION_PATH]).slice(0, 0)
+        stat = write_file_group(
+            self.table.storage,
+            work,
+            instant,
+            rows_in_group,
+            deleted_keys=deleted_keys,
+            ordering=self.table.ordering_fields,
+            compression=self.options.config.get(keys.PARQUET_COMPRESSION),
+            task=task,
+            recent=self._recent,
+        )
+        reached(Step.FILE_GROUP_WRITTEN, instant)
+        return stat
 
     def _metadata(
         self, operation: Operation, stats: list[WriteStat], replaced: dict[str, tuple[str, ...]], schema: str

@@ -27,10 +27,12 @@ import logging
 from collections.abc import Callable
 
 from cowrite.errors import CommitStateUnknownError, CowriteError, SchemaError, WriteConflictError
+from cowrite.format import claims
 from cowrite.format import config as keys
+from cowrite.format.claims import HeldLock
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, State
-from cowrite.format.table import HeldLock, Table
+from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.sketch import carried_by
@@ -117,7 +119,7 @@ def publish_schema(
     next commit records the schema."""
     try:
         timeline = table.timeline()
-        requested = table.claim_instant(timeline, Action.COMMIT, now_millis, lock=lock)
+        requested = claims.claim_instant(table, timeline, Action.COMMIT, now_millis, lock=lock)
         completion = table.completion_time(timeline, requested.requested_time, now_millis)
         done = requested.transition(State.COMPLETED, completion)
         payload = CommitMetadata(ALTER_SCHEMA, (), schema=schema, extra=extra).to_bytes(Action.COMMIT)

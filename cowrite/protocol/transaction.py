@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 
 from cowrite.errors import (
@@ -40,44 +40,28 @@ from cowrite.errors import (
     StorageError,
     WriteConflictError,
 )
+from cowrite.format import claims
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
-from cowrite.format.config import Config
 from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol import group, sketch
 from cowrite.protocol.checks import WriteChecks
-from cowrite.protocol.conflict import (
-    ConflictStrategy,
-    strategy_named,
-)
-from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason_of
-from cowrite.protocol.locks import LockHolder, RequestPublished, TableLock, lock_for
+from cowrite.protocol.conflict import strategy_named
+from cowrite.protocol.drafts import Drafts
+from cowrite.protocol.heartbeat import Heartbeat, abort_reason_of
+from cowrite.protocol.locks import LockHolder, RequestPublished, lock_for
+from cowrite.protocol.options import WriteOptions
 from cowrite.protocol.revert import Revert
 from cowrite.protocol.table_schema import Rebase, hidden, latest_schema, publish_schema, recorded_schema
 from cowrite.protocol.turns import Turns, completed_between, noted_instant
-from cowrite.protocol.txn import TXNS_KEY, CommittedTxns, Txn
+from cowrite.protocol.txn import TXNS_KEY, CommittedTxns
 from cowrite.steps import Step, reached
 from cowrite.storage.together import ahead, beside
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WriteOptions:
-    """How one writer takes part in concurrency control; defaults come from the config registry."""
-
-    config: Config = field(default_factory=Config)
-    clock: Callable[[], float] = time.time  # wall clock for instant times; injectable to test skew
-    lock: TableLock | None = None  # a ready lock, else one is made from the config
-    conflict_strategy: ConflictStrategy | None = None
-    txn: Txn | None = None  # an application id and version: the write commits only if that is new
-
-    @property
-    def heartbeat_policy(self) -> HeartbeatPolicy:
-        return HeartbeatPolicy.from_config(self.config)
 
 
 # (the losing ingestion, the clusterings it lost to, the current timeline) -> the revert, or None when
@@ -123,27 +107,32 @@ class Transaction(WriteChecks):
         options: WriteOptions | None = None,
         alongside: Callable[[], object] | None = None,
         draft: Callable[[str], CommitMetadata | None] | None = None,
+        write_ahead: Callable[[str], object] | None = None,
     ) -> Transaction:
         """Claim an instant and list the timeline the write begins on. ``alongside``: requests the writer
         makes beside the claim (one round trip for all on an object store); it must not raise.
         ``draft(instant_time)``: on an object store, the write's plan (or None; it must not raise), made
         beside the claim from what the process knew before it and written beside the listing after it;
         :attr:`planned` then holds it, and the writer plans again if the timeline it begins on shows
-        otherwise. Withdrawn with the claim."""
+        otherwise. Withdrawn with the claim. ``write_ahead(instant_time)``: the draft's files, written ahead
+        of that listing where it was made before the claim (:mod:`.drafts`)."""
         transaction = cls(table, action, operation, options or WriteOptions(config=table.config))
         early = draft if table.storage.round_trips and transaction.options.txn is None else None
-        transaction._begin(alongside, early)
+        transaction._begin(alongside, early, write_ahead if early else None)
         return transaction
 
     def _begin(
-        self, alongside: Callable[[], object] | None, draft: Callable[[str], CommitMetadata | None] | None
+        self,
+        alongside: Callable[[], object] | None,
+        draft: Callable[[str], CommitMetadata | None] | None,
+        write_ahead: Callable[[str], object] | None,
     ) -> None:
         # No lock: the claim is a test-and-set, and the timeline the write begins on is listed after it
-        # (Table.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
+        # (claims.begin_instant). The lease runs from the claim that stood: until its first heartbeat a new
         # instant is judged by its .requested file, written after that claim's create began, so a writer
         # paused past the tolerance meanwhile may have been rolled back, and fails to start. Not from the
         # first try: the claims it withdrew before (rivals had claimed later times) are not its instant.
-        drafted: dict[str, tuple[CommitMetadata, float]] = {}  # by the time it names, and when it was made
+        drafts = Drafts(self.action, draft)
         # The lock's turn is noted first (where that lists): on a server that answers one request at a
         # time, the claim's round trip then does not wait for that listing as well.
         noted = ahead(self.table.storage, self.turns.note)
@@ -151,15 +140,19 @@ class Transaction(WriteChecks):
         def meanwhile(time_: str) -> None:  # beside the claim: the engine's requests, its plan, the turn
             if alongside is not None:
                 alongside()
-            if draft is not None and (planned := draft(time_)) is not None:
-                drafted[time_] = planned, time.time()  # the plan judges see is no older
+            drafts(time_)
             noted()
 
-        def plan(time_: str) -> bytes | None:
-            return drafted[time_][0].to_bytes(self.action) if time_ in drafted else None
+        def turn(time_: str) -> None:  # taken with the lease that began with the claim
+            self.holder = self.lock.holder = self.holder.for_instant(time_)
+            self.turns.take_next()
 
+        give_back, storage = self.turns.give_back, self.table.storage
+        going = drafts.ahead(storage, write_ahead, turn, give_back) if write_ahead is not None else None
         now = int(self.options.clock() * 1000)
-        requested, timeline, claimed_at = self.table.begin_instant(self.action, now, meanwhile, plan)
+        requested, timeline, claimed_at = claims.begin_instant(
+            self.table, self.action, now, meanwhile, drafts.content, going
+        )
         if self.options.txn is not None:
             # A replayed batch is refused here, before any data is written; the claim, under which
             # nothing was written, is withdrawn so the timeline is left as it was.
@@ -168,7 +161,7 @@ class Transaction(WriteChecks):
                     self.options.txn, self.table.name, requested.requested_time
                 )
             except BaseException:
-                self.table.withdraw(requested, "its application version was already committed")
+                claims.withdraw(self.table, requested, "its application version was already committed")
                 raise
         self.holder = self.lock.holder = self.holder.for_instant(requested.requested_time)
         self.instant, self.begin_timeline = requested, timeline
@@ -180,9 +173,9 @@ class Transaction(WriteChecks):
             leased_at=claimed_at,
         ).start()
         log.debug("began %s on %s", requested, self.table)
-        if requested.requested_time in drafted:  # else drafted for a claim that did not stand, or none
+        if requested.requested_time in drafts.made:  # else drafted for a claim that did not stand, or none
             reached(Step.REQUESTED, self.instant_time)
-            self.planned, made = drafted[requested.requested_time]
+            self.planned, made = drafts.made[requested.requested_time]
             self.instant = requested.transition(State.INFLIGHT)
             reached(Step.PLANNED, self.instant_time, made=made)
 

@@ -61,7 +61,14 @@ class Turns:
         """Try once, ahead of :meth:`take`, for the turn right after the noted one; :meth:`take` then
         neither tries for it again nor, when this took it, waits. Raises what the lock's ``acquire_next``
         raises."""
-        self._next = self.lock.acquire_next(self.noted)
+        if self._next is None:  # tried ahead of the listing after the claim: not asked for again
+            self._next = self.lock.acquire_next(self.noted)
+
+    def give_back(self) -> None:
+        """Release, unused, the turn :meth:`take_next` took (for a claim withdrawn since)."""
+        took, self._next = self._next, None
+        if took:
+            self.lock.release()
 
     def take(
         self, begun: Timeline, check: Conflicts | None = None, clears: Clears | None = None

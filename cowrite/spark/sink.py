@@ -61,6 +61,7 @@ from cowrite.errors import (
     TxnAlreadyCommittedError,
     WriteConflictError,
 )
+from cowrite.format import claims
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.config import Config
@@ -277,7 +278,9 @@ class CowriteStreamWriter(DataSourceStreamArrowWriter):
                 return mine
             # another task claimed this attempt first: nothing was written under ours
             storage.delete(heartbeat_path(mine.instant))
-            table.withdraw(transaction.instant, f"another task claimed micro-batch {batch.batch_id} first")
+            claims.withdraw(
+                table, transaction.instant, f"another task claimed micro-batch {batch.batch_id} first"
+            )
 
     def _state(self, table: Table, claim: Claim) -> State | None:
         """COMPLETED if the claim's instant committed, REQUESTED if tasks may still join it, else None."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import ROOT
+from support import ROOT, hudi_rs
 from support.tables import new_table, rows
 
 from cowrite.cleaner import Cleaned, archive, clean, rollback_failed, service_lock
@@ -34,6 +34,7 @@ from cowrite.daemon.metrics import DaemonMetrics
 from cowrite.daemon.service import TableService
 from cowrite.engine.operations import Operation
 from cowrite.errors import CheckpointArchivedError, LeaseLostError, StorageError, WriteConflictError
+from cowrite.format import claims
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
@@ -420,6 +421,41 @@ def test_the_daemon_removes_a_claim_left_behind_though_no_write_failed(
     assert table.storage.exists(f"{TIMELINE_DIR}/{clash}.clean.inflight")
 
 
+def test_a_claim_left_behind_after_going_ahead_of_its_listing_loses_its_file_first(table: Table) -> None:
+    """A write that goes ahead of the listing after its claim writes its file before it knows the claim
+    stands: the listing showed a clean's claim at its time, and the writer could delete nothing of what it
+    had made (it was killed). Once the clean completed, the removal of withdrawn claims deletes the file
+    the claim's plan names, then plan and claim; the table reads as before, with cowrite and hudi-rs."""
+    (claim, plan), clean = _claim_and_plan_left_behind_beside_a_clean(table)  # on a table holding "a"
+    [seeded] = table.timeline().data_commits()
+    [base] = table.commit_metadata(seeded).write_stats
+    clash = claim.requested_time
+    path = f"p0/{base.file_id}_0-0-1_{clash}.parquet"  # what the claim wrote: a new slice of that group
+    table.storage.write(path, table.storage.read(base.path))
+    carried = CommitMetadata("upsert", (replace(base, path=path, prev_commit=seeded.requested_time),))
+    for pending in (claim, plan):
+        table.storage.write(table.instant_path(pending), carried.to_bytes(Action.COMMIT))
+    _complete(table, clean)
+    table.timeline()
+    assert remove_withdrawn_claims(table) == [plan, claim]
+    assert not table.storage.exists(path) and table.storage.exists(base.path)
+    assert read.snapshot(table).column("id").to_pylist() == ["a"]
+    assert [r["id"] for r in hudi_rs.snapshot(table.uri)] == ["a"]
+
+
+def test_a_replacecommit_claims_an_odd_millisecond(table: Table) -> None:
+    """A write that goes ahead of its listing claims an even millisecond, so no replacecommit, which would
+    make visible the base files named with its time, ever completes at the time of a claim that went ahead
+    and was withdrawn (:func:`~cowrite.format.claims.claim`)."""
+    LocalWriter(table).insert(rows(["a"]))
+    even = int(time.time() * 1000) + 1000 & ~1
+    claimed, _, _ = claims.begin_instant(table, Action.REPLACE_COMMIT, even)
+    assert claimed.requested_time == from_millis(even + 1)
+    claims.withdraw(table, claimed, "the test is done with it")
+    overwritten = LocalWriter(table).insert_overwrite(rows(["b"]))
+    assert overwritten is not None and to_millis(overwritten.requested_time) % 2 == 1
+
+
 def test_archival_leaves_a_time_shared_with_a_claim_left_behind_until_the_claim_is_removed(
     table: Table,
 ) -> None:
@@ -585,11 +621,11 @@ def test_a_time_whose_claim_lost_its_answer_is_not_claimed_again(
         create(path, data)
         raise StorageError(f"connection reset after creating {path}")
 
-    now = int(time.time() * 1000)
+    now = int(time.time() * 1000) | 1  # a replacecommit claims an odd millisecond
     monkeypatch.setattr(table.storage, "create_if_absent", answer_lost)
     for action in (Action.REPLACE_COMMIT, Action.COMMIT):
         with pytest.raises(StorageError):
-            table.begin_instant(action, now)
+            claims.begin_instant(table, action, now)
     monkeypatch.undo()
     left = [(i.requested_time, i.action) for i in table.timeline().pending()]
     assert left == [(from_millis(now), Action.REPLACE_COMMIT), (from_millis(now + 1), Action.COMMIT)]
@@ -611,7 +647,7 @@ def test_a_claim_the_listing_after_it_cannot_confirm_is_withdrawn_at_once(
 
     monkeypatch.setattr(Timeline, "load", listing_fails)
     with pytest.raises(StorageError, match="injected"):
-        table.begin_instant(Action.COMMIT, int(time.time() * 1000))
+        claims.begin_instant(table, Action.COMMIT, int(time.time() * 1000))
     monkeypatch.undo()
     assert list(table.timeline()) == list(before)  # the claim is gone
 
@@ -664,7 +700,7 @@ def test_a_claim_is_judged_alive_from_when_it_was_made_not_from_when_its_claiman
     seed 887121, scenario 5): the judge rolled it back a tolerance after the claim's file was made, which
     the checker, counting from the writer's later ``claimed`` event, took for a judgement too early."""
     seeded = LocalWriter(table).insert(rows(["a"]))
-    instant, _, _ = table.begin_instant(Action.COMMIT, int(time.time() * 1000))
+    instant, _, _ = claims.begin_instant(table, Action.COMMIT, int(time.time() * 1000))
     made = table.storage.stat(table.instant_path(instant)).modified
     time.sleep(POLICY.tolerance + 0.05)
     [rolled_back] = rollback_failed(table, service_lock(table), POLICY)
@@ -826,10 +862,10 @@ def test_a_claim_left_behind_by_a_failed_delete_of_its_plan_is_told_from_a_doubl
             raise StorageError(f"injected: delete {path}: connection reset after the storage acted")
 
     monkeypatch.setattr(type(table.storage), "delete", answer_lost)
-    claim, _, _ = stopped._claim(stale, Action.COMMIT, millis, inflight=lambda _: b"the plan")
+    claim, _, _ = claims.claim(stopped, stale, Action.COMMIT, millis, inflight=lambda _: b"the plan")
     monkeypatch.undo()
     assert claim.requested_time > first.rollback.requested_time and lost
-    stopped.withdraw(claim, "the test is done with it")
+    claims.withdraw(stopped, claim, "the test is done with it")
     assert table.timeline().get(failed.requested_time) == failed  # the claim, left behind
     [second] = rollback_failed(table, service_lock(table), POLICY, now=later)
     assert second.target == failed.requested_time and not table.timeline().pending()

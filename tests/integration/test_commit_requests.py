@@ -31,7 +31,7 @@ from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.fs_view import EarlyListing, FileSystemView
 from cowrite.format.instant import Instant, State
 from cowrite.format.table import Table
-from cowrite.format.timeline import Timeline
+from cowrite.format.timeline import TIMELINE_DIR, Timeline
 from cowrite.local import read
 from cowrite.local import writer as local_writer
 from cowrite.local.writer import LocalWriter
@@ -89,16 +89,23 @@ def table(s3_server: S3Server) -> Table:
 
 
 def test_a_lone_writer_holds_the_lock_for_three_round_trips(table: Table, proxy: ProxyProcess) -> None:
-    """Nobody took a turn since its begin: the writer takes the next turn with one try beside its last
-    file, from the listing at its begin, and publishes without listing the timeline or the lock directory
-    again: acquire, the completed file, and the lock's note of it, which releases the lock."""
+    """Nobody took a turn since its begin: the writer takes the next turn with one try beside its file,
+    from the turn it noted at its begin, and publishes without listing the timeline or the lock directory
+    again: acquire, the completed file, and the lock's note of it, which releases the lock. (The file, the
+    plan and the timeline's listing go at once with the acquire: the write goes ahead of that listing.)"""
     writer = LocalWriter(through(table, proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))  # this process's first commit reads what it needs
     proxy.reset()
     writer.upsert(rows(["b"], ts=2, value="second"))
-    section = [r for r in critical_section(proxy.reset(), "alone") if r != ("PUT", "p0")]  # the file, beside
-    assert section[0] == ("PUT", "locks") and section[-1] == ("PUT", "locks")
-    assert Counter(section) == {("PUT", "locks"): 2, ("PUT", "timeline"): 1}
+    mine = [r for r in proxy.reset() if r.client == "alone"]
+    [acquired] = [r for r in mine if r.kind == "PUT" and r.path.endswith(".acquired")]
+    beside = [
+        r for r in mine if r.path.endswith((".parquet", ".inflight")) or what(r) == ("LIST", "timeline")
+    ]
+    after = [r for r in mine if r.began >= acquired.ended and r not in beside]
+    assert [what(r) for r in after] == [("PUT", "timeline"), ("PUT", "locks")]
+    assert after[0].path.endswith(".commit") and is_release(after[1].path.rsplit("/", 1)[-1])
+    assert sequential([acquired, *after]) == 3
     expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
                 {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
@@ -124,14 +131,19 @@ def test_a_writer_reads_only_the_commits_it_builds_on_whatever_the_history(
     assert len(snapshot) == 14 and snapshot == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead-of-the-listing", "after-the-listing"])
 def test_a_last_file_that_fails_beside_the_lock_aborts_and_releases_the_lock(
-    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch, ahead: bool
 ) -> None:
     """The lone writer takes the lock's next turn beside its last file, and that file's write fails: the
-    write aborts with the storage's error, publishes nothing, and releases the turn at once rather than
-    leave it to expire; the next write takes the turn after it."""
-    writer = LocalWriter(through(table, proxy, "alone"))
-    writer.upsert(rows(["a"], ts=2, value="first"))
+    write fails with the storage's error, publishes nothing, and releases the turn at once rather than
+    leave it to expire; the next write takes the turn after it. Written ahead of the listing after its
+    claim (a process's write of what it wrote last), the claim, not known to stand, is withdrawn at once;
+    written after that listing (a writer's first write), the write aborts, its instant left failed for
+    the rollback."""
+    first = LocalWriter(through(table, proxy, "alone"))
+    first.upsert(rows(["a"], ts=2, value="first"))
+    writer = first if ahead else LocalWriter(through(table, proxy, "alone"))
     before = scan(table.storage).highest
 
     def failing(*args: Any, **kwargs: Any) -> Any:
@@ -143,8 +155,7 @@ def test_a_last_file_that_fails_beside_the_lock_aborts_and_releases_the_lock(
     proxy.reset()  # the release, made in the background
     files = scan(table.storage)
     assert files.highest == before + 1 and before + 1 in files.acquired and not files.is_held(before + 1)
-    [failed] = table.timeline().pending()
-    assert failed.state is State.INFLIGHT
+    assert [i.state for i in table.timeline().pending()] == ([] if ahead else [State.INFLIGHT])
     monkeypatch.undo()
     writer.upsert(rows(["b"], ts=4, value="second"))
     assert scan(table.storage).highest == before + 2
@@ -161,35 +172,80 @@ def slow_proxy(s3_server: S3Server) -> Iterator[ProxyProcess]:
         yield running
 
 
-def test_a_lone_writer_commits_in_four_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
+def test_a_lone_writer_commits_in_three_round_trips(table: Table, slow_proxy: ProxyProcess) -> None:
     """A process's next upsert, nobody else writing: no listing before its claim (its input is held to the
     schema of the timeline it listed last time) or beside it (the lock's turn is the one after its last,
-    taken just now; the partition's files it knows from its last write), then the timeline beside the
-    plan (made from the timeline the process knew, which the listing confirms), the file beside the
-    lock's next turn, and the completed file: the upsert returns once its commit is complete, and the
-    release follows in the background."""
+    taken just now; the partition's files it knows from its last write). Its plan, drafted from what the
+    process knew, goes with the claim, and the write goes ahead: the timeline's listing, the plan again as
+    ``.inflight``, the file and one try for the lock's next turn at once, then the completed file. The
+    upsert returns once its commit is complete, and the release follows in the background. The claim's
+    millisecond is even (a replacecommit's is odd)."""
     writer = LocalWriter(through(table, slow_proxy, "alone"))
     writer.upsert(rows(["a"], ts=2, value="first"))
     slow_proxy.reset()
     turn = scan(table.storage).highest
     assert (turn + 1) % filesystem._KEPT_ON_RELEASE  # not a turn that collects old lock files
-    writer.upsert(rows(["b"], ts=2, value="second"))
+    done = writer.upsert(rows(["b"], ts=2, value="second"))
     returned = time.time()
     mine = [r for r in slow_proxy.reset() if r.client == "alone"]
     first = [what(r) for r in mine if r.began < min(r.ended for r in mine)]
     assert first == [("PUT", "timeline")]
     [release] = [r for r in mine if r.ended > returned]
     assert ".published." in release.path  # the note of the commit ends the turn
-    assert sequential(mine) == 5 and sequential([r for r in mine if r is not release]) == 4
+    assert sequential(mine) == 4 and sequential([r for r in mine if r is not release]) == 3
     [listing] = [r for r in mine if what(r) == ("LIST", "timeline")]
-    [plan] = [r for r in mine if r.path.endswith(".inflight")]
-    assert plan.began < listing.ended and listing.began < plan.ended
+    beside = [r for r in mine if r.path.endswith((".inflight", ".parquet", ".acquired"))]
+    assert len(beside) == 3 and all(r.began < listing.ended and listing.began < r.ended for r in beside)
     assert Counter(what(r) for r in mine) == {
         ("PUT", "timeline"): 3, ("LIST", "timeline"): 1, ("PUT", "p0"): 1, ("PUT", "locks"): 2,
     }  # fmt: skip
     assert f"lock{turn + 1}.acquired" in unquote(next(r.path for r in mine if r.path.endswith(".acquired")))
+    claim = table.instant_path(Instant(done.requested_time, done.action, State.REQUESTED))
+    carried = CommitMetadata.from_bytes(table.storage.read(claim), claim)
+    assert [s.path for s in carried.write_stats] == [s.path for s in table.commit_metadata(done).write_stats]
+    assert int(done.requested_time) % 2 == 0
     expected = [{"id": "a", "part": "p0", "ts": 2, "value": "first"},
                 {"id": "b", "part": "p0", "ts": 2, "value": "second"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
+def test_a_claim_that_went_ahead_and_does_not_stand_takes_its_file_and_turn_back_first(
+    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that goes ahead of the listing after its claim has written its file, and taken the lock's
+    next turn, when that listing shows another action's claim at its time (here a clean's, made just
+    before). Withdrawing, it deletes the file first, then its plan and its claim — the file carries the
+    claim's time, which the other action may complete at — and gives the turn back at once; it claims
+    again, plans after that listing and commits."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    writer.upsert(rows(["z"], ts=1, value="writer"))
+    turn = scan(table.storage).highest
+    create, clashes = writer.table.storage.create_if_absent, []
+
+    def a_clean_claims_the_same_time(path: str, data: bytes) -> bool:
+        made = create(path, data)
+        if made and path.endswith(".commit.requested") and not clashes:
+            clashes.append(path.rsplit("/", 1)[-1].split(".")[0])
+            create(f"{TIMELINE_DIR}/{clashes[0]}.clean.requested", b"")
+        return made
+
+    monkeypatch.setattr(writer.table.storage, "create_if_absent", a_clean_claims_the_same_time)
+    proxy.reset()
+    done = writer.upsert(rows(["c"], ts=2, value="writer"))
+    [clash] = clashes
+    assert done.requested_time > clash
+    mine = [r for r in proxy.reset() if r.client == "writer"]
+    gone = [unquote(r.path).rsplit("/", 1)[-1] for r in mine if r.kind in ("DELETE", "POST")]
+    assert gone[0].endswith(f"_{clash}.parquet")  # the file first, then the plan and the claim
+    assert gone[1:] == [f"{clash}.inflight", f"{clash}.commit.requested"]
+    assert [f.path for f in table.storage.list("p0") if clash in f.path] == []
+    files = scan(table.storage)
+    assert turn + 1 in files.release_files and files.highest == turn + 2  # given back, then taken again
+    assert [i.file_name for i in table.timeline().pending()] == [f"{clash}.clean.requested"]
+    expected = [{"id": "a", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "z", "part": "p0", "ts": 1, "value": "writer"}]  # fmt: skip
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
@@ -243,10 +299,11 @@ def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_n
     table: Table, proxy: ProxyProcess
 ) -> None:
     """A rival commits into the writer's file group after the writer last looked at the timeline. The
-    writer's plan, made beside its claim from the timeline it knew and the partition's files it knew from
-    its last write, does not stand: the listing after the claim shows the rival's commit. The writer lists
-    the partition, plans again on what it listed, writes the plan again, and builds on the rival's file —
-    on the first plan, it would drop the rival's key."""
+    writer's plan, made with its claim from the timeline it knew and the partition's files it knew from
+    its last write, does not stand: the listing after the claim shows the rival's commit. Its file,
+    written ahead of that listing, is no base of the commit: the writer lists the partition, plans again
+    on what it listed, writes the plan and the file again, and builds on the rival's file — on the first
+    plan, it would drop the rival's key."""
     writer = LocalWriter(through(table, proxy, "writer"))
     rival = LocalWriter(through(table, proxy, "rival"))
     writer.upsert(rows(["z"], ts=1, value="writer"))  # into p0's one file group, as the others
@@ -264,6 +321,11 @@ def test_a_plan_made_before_the_listing_is_made_again_when_the_listing_shows_a_n
     [partition] = [r for r in mine if what(r) == ("LIST", "p0")]
     _, again = [r for r in mine if r.path.endswith(".inflight")]
     assert partition.began >= listing.ended and again.began >= partition.ended
+    ahead, written = [r for r in mine if what(r) == ("PUT", "p0")]
+    assert ahead.ended <= partition.began and written.began >= again.ended
+    # of this instant's files, only those its commit names are left
+    files = [f.path for f in table.storage.list("p0") if done.requested_time in f.path]
+    assert files == [s.path for s in table.commit_metadata(done).write_stats]
     # the plan in place names what the commit wrote
     inflight = table.instant_path(Instant(done.requested_time, done.action, State.INFLIGHT))
     plan = CommitMetadata.from_bytes(table.storage.read(inflight), inflight)

@@ -61,6 +61,7 @@ from cowrite.daemon.http import serve
 from cowrite.daemon.metrics import TableStateCollector, TableStatus
 from cowrite.daemon.service import Daemon
 from cowrite.errors import ConfigError, WriteConflictError
+from cowrite.format import claims
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
@@ -420,7 +421,9 @@ def test_a_failed_write_waiting_for_a_busy_lock_stays_reported_with_its_garbage(
     # a heartbeat of an instant the timeline does not show would be collected as an orphan
     with service_lock(table) as claiming:
         now = int(time.time() * 1000)
-        blocker = table.claim_instant(table.timeline(), Action.COMMIT, now, lock=claiming).requested_time
+        blocker = claims.claim_instant(
+            table, table.timeline(), Action.COMMIT, now, lock=claiming
+        ).requested_time
     heartbeat = Heartbeat(table.storage, blocker, target.policy).start()
     lock = FileSystemLock(table.storage, LockHolder(instant=blocker), target.policy)
     lock.acquire()

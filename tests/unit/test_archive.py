@@ -12,6 +12,7 @@ from support.tables import new_table
 
 from cowrite.cleaner import clean, rollback_failed, service_lock
 from cowrite.cleaner.archive import ARCHIVE_DIR, archive
+from cowrite.format import claims
 from cowrite.format.fs_view import BaseFile, list_base_files, timeline_start
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.markers import create_marker
@@ -119,7 +120,7 @@ def test_a_claim_made_from_a_stale_view_hides_no_archived_file(table: Table) -> 
         {"id": 10 + n, "p": "b", "v": n} for n in range(5)
     ]
     assert sorted(hudi_rs.rows(read.snapshot(table)), key=lambda r: (r["p"], r["id"])) == expected
-    table.withdraw(stale, "a later instant meanwhile")
+    claims.withdraw(table, stale, "a later instant meanwhile")
     assert sorted(exact(table), key=lambda r: (r["p"], r["id"])) == expected
 
 

@@ -16,6 +16,7 @@ from support.tables import new_table
 from cowrite.engine.file_group import FileGroupWrite, write_file_group
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.errors import LeaseLostError, StorageError, WriteConflictError
+from cowrite.format import claims
 from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.instant import Action, Instant, State, from_millis, to_millis
 from cowrite.format.table import Table
@@ -114,7 +115,7 @@ def test_a_claim_stands_below_a_pending_instant_claimed_meanwhile(
 
     withdrawn: list[Instant] = []
     monkeypatch.setattr(Table, "timeline", the_rival_claims_first)
-    monkeypatch.setattr(Table, "withdraw", lambda self, instant, *_, **__: withdrawn.append(instant))
+    monkeypatch.setattr(claims, "withdraw", lambda table, instant, *_, **__: withdrawn.append(instant))
     writer = Transaction.begin(table, "insert", options=_options(table))
     monkeypatch.undo()
     rival = rivals[0]
