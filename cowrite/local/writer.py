@@ -59,6 +59,7 @@ class LocalWriter:
         self.options = options or WriteOptions(config=table.config)
         self._recent = RecentFiles()
         self._list_early = True  # whether the next write lists its partitions beside its claim
+        self._alone = False  # the last write's listing showed no other write pending, nor a commit unknown
         self._listed: EarlyListing | None = None  # the files of the last write's partitions, after it
         self.records = 0  # records of the last write, after deduplication where the operation merges
         self.refused: TxnAlreadyCommittedError | None = None  # why the last write committed nothing
@@ -144,6 +145,8 @@ class LocalWriter:
             begun, listed = transaction.begin_timeline, early[0] if early else kept
             apart = self._apart(begun, listed)
             self._list_early = completed(begun) <= known | apart
+            others = [i for i in begun.pending() if i.requested_time != transaction.instant_time]
+            self._alone = completed(begun) <= known and not any(i.action.writes_data for i in others)
             ready = drafts.get(transaction.instant_time) if transaction.planned is not None else None
             holding = replace(listed, known=listed.known | apart) if listed else None
             made = self._write_files(
@@ -153,9 +156,11 @@ class LocalWriter:
             return written[0][0]
 
         listing = held.partitions is not None and self._list_early
-        # What this process knows of the partitions needs no request: the plan is drafted before the claim
-        # and carried by it, and the write goes ahead of the listing after it.
-        going = listing and kept is not None and kept.holds(knew, held.partitions)
+        # A process writing alone knows the files of the partitions it wrote last, and the listing after its
+        # claim will confirm its plan: the plan is drafted before the claim and carried by it, and the write
+        # goes ahead of that listing. With others writing, that listing would often show a commit it did not
+        # know, and writers that went ahead made fewer commits (bench/README.md).
+        going = self._alone and listing and kept is not None and kept.holds(knew, held.partitions)
         if going:
             list_early()
         done = write_instant(
