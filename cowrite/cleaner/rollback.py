@@ -51,18 +51,7 @@ def planned_files(table: Table, target: Instant) -> tuple[str, ...]:
     requested = Instant(target.requested_time, target.action, State.REQUESTED)
     files: set[str] = set()
     for pending in (inflight, requested):
-        try:
-            data = table.storage.read(table.instant_path(pending))
-        except FileNotFoundError:
-            continue
-        if not data:
-            continue
-        try:
-            plan = CommitMetadata.from_bytes(data, table.storage.full_path(table.instant_path(pending)))
-        except CorruptTimelineError as exc:
-            log.warning(
-                "unreadable plan of failed instant %s (%s); deleting no data files for it", target, exc
-            )
+        if (plan := _plan_of(table, pending)) is None:
             continue
         files.update(own_files(plan, target.requested_time))
         for partition in {s.partition_path for s in plan.write_stats}:
@@ -256,19 +245,26 @@ def remove_withdrawn_claims(table: Table) -> list[Instant]:
     return removed
 
 
-def _written_ahead(table: Table, claim: Instant) -> tuple[str, ...]:
+def _written_ahead(table: Table, claim: Instant) -> list[str]:
     """The base files a writer's claim may have had written ahead of its listing: those its plan names."""
-    if claim.action is not Action.COMMIT or claim.state is not State.REQUESTED:
-        return ()
-    path = table.instant_path(claim)
+    writes = claim.action is Action.COMMIT and claim.state is State.REQUESTED
+    plan = _plan_of(table, claim) if writes else None
+    return own_files(plan, claim.requested_time) if plan is not None else []
+
+
+def _plan_of(table: Table, pending: Instant) -> CommitMetadata | None:
+    """The plan in ``pending``'s file; None where there is none, or it cannot be read (logged: no data file
+    is deleted for it)."""
+    path = table.instant_path(pending)
     try:
         data = table.storage.read(path)
-        return tuple(own_files(CommitMetadata.from_bytes(data, path), claim.requested_time)) if data else ()
     except FileNotFoundError:
-        return ()
+        return None
+    try:
+        return CommitMetadata.from_bytes(data, table.storage.full_path(path)) if data else None
     except CorruptTimelineError as exc:
-        log.warning("unreadable plan of withdrawn claim %s (%s); deleting no data files for it", claim, exc)
-        return ()
+        log.warning("unreadable plan of %s (%s); deleting no data files for it", pending, exc)
+        return None
 
 
 def rollback_failed(

@@ -1,6 +1,8 @@
 """Claiming an instant time: a create-if-absent of ``<t>.<action>.requested``, without the table lock for
 writers (:func:`begin_instant`) and under it for table services (:func:`claim_instant`), confirmed by a
-listing of the timeline after it; and withdrawing a claim that does not stand (:func:`withdraw`)."""
+listing of the timeline after it; and withdrawing a claim that does not stand (:func:`withdraw`). A
+writer's claim may carry its plan and go ahead of that listing (:class:`Ahead`), which is why claims have a
+parity (:func:`claim`)."""
 
 from __future__ import annotations
 

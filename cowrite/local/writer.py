@@ -119,15 +119,16 @@ class LocalWriter:
                 log.info("listing %s before the timeline failed: %s", held.partitions, exc)
 
         def draft(instant: str) -> CommitMetadata | None:
-            # beside the claim, from the timeline this process knew; written beside the listing after it, it
-            # stands if that shows the same commits (a lone writer), else the write plans again on it
+            # beside the claim (before it, where the write goes ahead), from the timeline this process knew;
+            # written beside the listing after it, it stands if that shows the same commits (a lone writer),
+            # else the write plans again on it
             if not early:
                 return None
             claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
             expected = Timeline([*knew, claim])
             try:
                 drafts[instant] = self._draft(instant, held, expected, early[0])
-            except Exception as exc:  # beside the claim, which must not fail: it costs the plan after
+            except Exception as exc:  # the claim must not fail for it: it costs the plan after
                 log.info("planning %s before the timeline failed: %s", instant, exc)
                 return None
             return drafts[instant].plan

@@ -14,8 +14,8 @@ parquet file instead (every round writes it unchanged).
 **Fault injection** (``--pause-at STEP``) observes the protocol's steps (:mod:`cowrite.steps`) in this
 process: at STEP the writer writes ``--ready-file`` (JSON: pid, step, instant) and then waits until
 ``--go-file`` exists (forever when none is given: the test kills it there). Steps, in protocol order (on
-S3 a process's write of what it wrote last goes ahead of the listing after its claim: from ``claimed`` on,
-its base file is written and it may hold the lock):
+S3 a process writing alone goes ahead of the listing after its claim: from ``claimed`` on, its base file is
+written and it may hold the lock):
 
 ============  ====================================================================================
 claimed       holding the table lock to begin: ``.requested`` just created, no heartbeat yet
