@@ -443,6 +443,25 @@ def test_a_claim_left_behind_after_going_ahead_of_its_listing_loses_its_file_fir
     assert [r["id"] for r in hudi_rs.snapshot(table.uri)] == ["a"]
 
 
+def test_a_file_written_ahead_on_a_plan_that_does_not_stand_goes_before_the_commit(table: Table) -> None:
+    """A write went ahead of its listing, and the listing showed a commit its process did not know: it plans
+    again. A file it wrote ahead that the new plan does not write again is deleted before the commit, which
+    would otherwise make it part of the table: its name carries the commit's time."""
+    writer = LocalWriter(table)
+    writer.insert(rows(["a"]))
+    held = HeldInput.of(table, rows(["a"], ts=2, value="again"), Operation.UPSERT)
+    transaction = Transaction.begin(table, "upsert", options=writer.options)
+    [base] = table.commit_metadata(table.timeline().data_commits().last).write_stats
+    ghost = replace(base, file_id="ghost-0", path=f"p0/ghost-0_0-0-1_{transaction.instant_time}.parquet")
+    table.storage.write(ghost.path, table.storage.read(base.path))  # written ahead, on another plan
+    metadata, _ = writer._write_files(transaction, held, ahead=[ghost])
+    assert not table.storage.exists(ghost.path)
+    transaction.commit(metadata)
+    expected = [{"id": "a", "part": "p0", "ts": 2, "value": "again"}]
+    assert read.snapshot(table).select(["id", "part", "ts", "value"]).to_pylist() == expected
+    assert [{k: r[k] for k in ("id", "part", "ts", "value")} for r in hudi_rs.snapshot(table.uri)] == expected
+
+
 def test_a_replacecommit_claims_an_odd_millisecond(table: Table) -> None:
     """A write that goes ahead of its listing claims an even millisecond, so no replacecommit, which would
     make visible the base files named with its time, ever completes at the time of a claim that went ahead
