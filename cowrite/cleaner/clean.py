@@ -146,8 +146,9 @@ def seen_by_every_pending(table: Table, timeline: Timeline) -> frozenset[str]:
     """The completed instants of ``timeline`` that every pending instant saw when it was claimed.
 
     A pending writer's view and conflict check were built on the timeline listed right after its claim
-    (:meth:`Table.begin_instant`); an instant completed after the claim is news to it. The storage's
-    modification times order the two files (one clock for everybody; a tie counts as unseen).
+    (:func:`~cowrite.format.claims.begin_instant`); an instant completed after the claim is news to it.
+    The storage's modification times order the two files (one clock for everybody; a tie counts as
+    unseen).
     """
     completed = [i for i in timeline if i.is_completed]
     pending = list(timeline.pending())

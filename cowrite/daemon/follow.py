@@ -11,7 +11,7 @@ thousand instants; so a look lists only the names after a *start point*
   rollback) sort with its requested time, at or after it;
 - the newest completed instant's requested time known *two* looks ago. A claim stands only if the listing
   its claimant made right after it shows no later completed instant
-  (:meth:`~cowrite.format.table.Table._claim`), and archival keeps the newest completed instant, so a new
+  (:func:`~cowrite.format.claims.claim`), and archival keeps the newest completed instant, so a new
   instant sorts after every instant that had completed when it was claimed. A listing is no snapshot,
   though: one may miss an instant claimed while it ran, and show a later one; the instant it missed sorts
   after every completed instant the look before it knew, so starting there finds it on the next look.

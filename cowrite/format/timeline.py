@@ -12,7 +12,7 @@ keeps from the last load those before it. The start point is the older of
 - the oldest requested time pending in the last load: an instant's later files (inflight, completed, or
   its removal by a rollback) sort with its requested time, at or after it;
 - the newest completed requested time of the load before the last. A claim stands only if the listing its
-  claimant made right after it shows no later completed instant (:meth:`~cowrite.format.table.Table._claim`),
+  claimant made right after it shows no later completed instant (:func:`~cowrite.format.claims.claim`),
   and archival keeps the newest completed instant. A listing is no snapshot: one may miss an instant
   claimed while it ran, and show a later one; but that claim was listed by its claimant after the load
   before had ended, so it sorts after the newest completed instant that load showed.
@@ -100,9 +100,9 @@ def left_behind(instants: Iterable[Instant]) -> list[Instant]:
     """Of the instant files at one time, the claims left behind: every file of another action than the
     one completed there, or, while none is, those still requested while another action's instant went on
     (inflight). Only the claim that stands proceeds, so each was withdrawn by a claimant that could not
-    delete it, or was killed first (:meth:`Table._claim`). A writer's plan (``.inflight``) is written
-    beside the listing that tells whether its claim stands, so a withdrawn claim may have one: only a
-    completed instant then tells which of two inflight ones stood."""
+    delete it, or was killed first (:func:`~cowrite.format.claims.claim`). A writer's plan (``.inflight``)
+    is written beside the listing that tells whether its claim stands, so a withdrawn claim may have one:
+    only a completed instant then tells which of two inflight ones stood."""
     instants = list(instants)
     went_on = {i.action for i in instants if i.is_completed}
     went_on = went_on or {i.action for i in instants if i.state is not State.REQUESTED}
