@@ -40,13 +40,13 @@ class Ahead:
     """A write that goes ahead of the listing after its claim (object stores): ``plan(time)``, its plan
     for a claim of ``time`` (or None), drafted before that claim and carried by its ``.requested`` file;
     and ``beside(time)``, requests made beside the listing after the claim (the plan's files, the lock's
-    next turn), before that listing shows the claim stands; ``undo(time)`` what a claim withdrawn after it
+    next turn), before that listing shows the claim stands; ``undo()`` what a claim withdrawn after it
     undoes besides deleting the files its plan names (the lock's turn). Only a claim's first try goes
     ahead."""
 
     plan: Callable[[str], CommitMetadata | None]
     beside: Callable[[str], object]
-    undo: Callable[[str], object]  # for a claim withdrawn after it, once its files are deleted
+    undo: Callable[[], object]  # for a claim withdrawn after it, once its files are deleted
 
 
 def claim_instant(
@@ -156,7 +156,9 @@ def claim(
             if created:
                 break
             millis += 1 if parity is None else 2
-        drafted, inflight = inflight and inflight(instant.requested_time), None
+        # a claim that carries its plan has it written again as .inflight, as encoded for the claim
+        drafted = content if carried is not None else inflight and inflight(instant.requested_time)
+        inflight = None
         path = table.instant_path(instant.transition(State.INFLIGHT))
         planned = partial(table.storage.write, path, drafted) if drafted else None
         sides: list[Callable[[], object]] = [planned] if planned is not None else []
@@ -173,7 +175,7 @@ def claim(
             # claimed again once it is rolled back, then rolled back twice).
             withdraw(table, instant, "the listing after it failed", planned=bool(planned), files=written)
             if went is not None:
-                went.undo(instant.requested_time)
+                went.undo()
             raise
         later = next((i for i in after.after(instant.requested_time) if i.is_completed), None)
         # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.
@@ -184,7 +186,7 @@ def claim(
         clash = "another action's instant at its time" if shared or gone else f"{later} later"
         withdraw(table, instant, f"{clash} meanwhile", planned=bool(planned), files=written)
         if went is not None:
-            went.undo(instant.requested_time)
+            went.undo()
         timeline = after
     if observed():
         seen = sorted(i.requested_time for i in after if i.is_completed)

@@ -146,8 +146,9 @@ class LocalWriter:
             begun, listed = transaction.begin_timeline, early[0] if early else kept
             apart = self._apart(begun, listed)
             self._list_early = completed(begun) <= known | apart
-            others = [i for i in begun.pending() if i.requested_time != transaction.instant_time]
-            self._alone = completed(begun) <= known and not any(i.action.writes_data for i in others)
+            mine = transaction.instant_time
+            others = [i for i in begun.pending() if i.action.writes_data and i.requested_time != mine]
+            self._alone = completed(begun) <= known and not others
             ready = drafts.get(transaction.instant_time) if transaction.planned is not None else None
             holding = replace(listed, known=listed.known | apart) if listed else None
             made = self._write_files(

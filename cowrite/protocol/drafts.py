@@ -59,4 +59,4 @@ class Drafts:
         def file_and_turn(time_: str) -> None:
             beside(storage, partial(write, time_), partial(turn, time_))
 
-        return Ahead(one_file, file_and_turn, lambda _: give_back())
+        return Ahead(one_file, file_and_turn, give_back)
