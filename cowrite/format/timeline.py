@@ -29,7 +29,7 @@ import json
 import logging
 import weakref
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from itertools import compress
@@ -286,6 +286,10 @@ class Timeline:
 
     def data_commits(self) -> Timeline:
         """Completed instants that make base files visible (commit, replacecommit)."""
+        return self._data_commits
+
+    @cached_property
+    def _data_commits(self) -> Timeline:  # asked for several times a commit, under the lock among them
         return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
 
     def after(self, requested_time: str) -> Timeline:
@@ -302,8 +306,14 @@ class Timeline:
             key=lambda i: i.completion_time or "",
         )
 
-    def in_completion_order(self) -> list[Instant]:
-        return self.completed_in(InstantRange.all())
+    def in_completion_order(self) -> Sequence[Instant]:
+        """The completed instants in completion order."""
+        return self._in_completion_order
+
+    @cached_property
+    def _in_completion_order(self) -> tuple[Instant, ...]:  # the newest schema is looked for in it each time
+        completed = compress(self._instants, map(_completion_time, self._instants))
+        return tuple(sorted(completed, key=_completion_time))  # in requested order, so nearly sorted already
 
     @cached_property
     def latest_completion_time(self) -> str | None:
