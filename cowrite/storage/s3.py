@@ -11,8 +11,6 @@ from datetime import datetime
 from typing import Any
 
 import fsspec
-from aiobotocore.session import AioSession
-from botocore.utils import parse_timestamp
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
@@ -40,6 +38,10 @@ def filesystem(options: dict[str, Any]) -> AbstractFileSystem:
             del _FILESYSTEMS[next(iter(_FILESYSTEMS))]  # the oldest
         fs = _FILESYSTEMS[key] = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         if fs.session is None:  # a session the caller passed is theirs to configure
+            # Imported here: aiobotocore brings aiohttp and most of botocore, some 200 modules a process
+            # that opens only local tables would load (and its garbage collector walk) for nothing.
+            from aiobotocore.session import AioSession
+
             fs.session = AioSession(**fs.kwargs)  # what s3fs would create, and:
             fs.session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_time)
     return fs
@@ -52,6 +54,8 @@ def _time(value: Any) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except (TypeError, ValueError):
+        from botocore.utils import parse_timestamp
+
         return parse_timestamp(value)
 
 
