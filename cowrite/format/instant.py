@@ -97,7 +97,10 @@ class Action(enum.StrEnum):
     @property
     def writes_data(self) -> bool:
         """Whether completed instants of this action make base files visible."""
-        return self in (Action.COMMIT, Action.REPLACE_COMMIT)
+        return self in DATA_ACTIONS
+
+
+DATA_ACTIONS = frozenset((Action.COMMIT, Action.REPLACE_COMMIT))  # whose completed instants show base files
 
 
 class State(enum.IntEnum):

@@ -232,7 +232,7 @@ class Table:
         few), without listing: each was completed before this call. Never a view to act on unconfirmed."""
         with _published_lock:
             own = [path.rsplit("/", 1)[-1] for storage, path in _published if storage is self.storage]
-        return Timeline([*Timeline.last_listed(self.storage), *map(Instant.parse, own)])
+        return Timeline.last_listed(self.storage).adding(map(Instant.parse, own))
 
     def verified(self, timeline: Timeline) -> Timeline:
         """``timeline``, once every completed commit and replacecommit on it has been parsed.

@@ -36,7 +36,7 @@ from itertools import compress
 from operator import attrgetter, is_, itemgetter
 
 from cowrite.errors import CorruptTimelineError
-from cowrite.format.instant import Action, Instant, InvalidInstantError, State, check_time
+from cowrite.format.instant import DATA_ACTIONS, Action, Instant, InvalidInstantError, State, check_time
 from cowrite.process import keep_mapping, memo
 from cowrite.storage.backend import Storage
 
@@ -120,6 +120,7 @@ def _in_order(latest: dict[str, Instant]) -> tuple[Instant, ...]:
 _requested_time = attrgetter("requested_time")
 _completion_time = attrgetter("completion_time")
 _is_none = partial(is_, None)
+_action = attrgetter("action")
 
 
 class Timeline:
@@ -130,6 +131,15 @@ class Timeline:
         for instant in instants:
             _keep_latest(latest, instant)
         self._instants = _in_order(latest)
+
+    def adding(self, instants: Iterable[Instant]) -> Timeline:
+        """``Timeline([*self, *instants])``, built from this timeline's index rather than from each of its
+        instants again: writers add their own claim or the few commits they learnt of to a timeline of
+        thousands, several times a commit."""
+        latest = dict(self._by_time)
+        for instant in instants:
+            _keep_latest(latest, instant)
+        return Timeline._of_sorted(_in_order(latest))
 
     @classmethod
     def _of_sorted(cls, instants: Iterable[Instant]) -> Timeline:
@@ -274,7 +284,11 @@ class Timeline:
         )
 
     def completed(self) -> Timeline:
-        return self.filter(states=[State.COMPLETED])
+        return self._completed
+
+    @cached_property
+    def _completed(self) -> Timeline:  # of every timeline a writer loads
+        return Timeline._of_sorted(compress(self._instants, map(_completion_time, self._instants)))
 
     def pending(self) -> Timeline:
         return self._pending
@@ -290,7 +304,9 @@ class Timeline:
 
     @cached_property
     def _data_commits(self) -> Timeline:  # asked for several times a commit, under the lock among them
-        return self.filter(actions=[Action.COMMIT, Action.REPLACE_COMMIT], states=[State.COMPLETED])
+        completed = self._completed._instants
+        writes_data = map(DATA_ACTIONS.__contains__, map(_action, completed))  # in C: no property called
+        return Timeline._of_sorted(compress(completed, writes_data))
 
     def after(self, requested_time: str) -> Timeline:
         """The instants requested after ``requested_time`` (found by bisection: often a few of many)."""

@@ -125,7 +125,7 @@ class LocalWriter:
             if not early:
                 return None
             claim = Instant(instant, held.operation.action, State.REQUESTED)  # as the listing shows it
-            expected = Timeline([*knew, claim])
+            expected = knew.adding([claim])
             try:
                 drafts[instant] = self._draft(instant, held, expected, early[0])
             except Exception as exc:  # the claim must not fail for it: it costs the plan after

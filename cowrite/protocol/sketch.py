@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
+from cowrite.process import memo
 from cowrite.protocol.carried import TXNS_KEY, Carried, carried, digest, known
 from cowrite.protocol.conflict import INSERTING, ConflictStrategy, file_group_overlap, inserted_keys
 from cowrite.protocol.key_summary import Bloom
@@ -75,6 +76,7 @@ def note(completed_file: str, metadata: CommitMetadata) -> str:
     return f"{completed_file}{MARK}{Sketch.of(metadata).to_text()}"
 
 
+@memo(1 << 10, "a pure parse of a note: a writer looks at the notes of the latest turns at every commit")
 def parse(noted: str) -> tuple[str, Sketch | None]:
     """The completed file's name a note names, and its sketch (None when it has none)."""
     name, mark, text = noted.partition(MARK)

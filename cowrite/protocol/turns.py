@@ -105,7 +105,7 @@ class Turns:
             log.info("listing the timeline under the lock: a noted commit cannot be read (%s)", exc)
             return None
         self.cleared = frozenset(cleared)
-        return Timeline([*begun, *completed])
+        return begun.adding(completed)
 
     def clear_listed(self, commits: list[Instant]) -> None:
         """Where the timeline was listed under the lock (:meth:`take` returned None): of the ``commits``
