@@ -287,7 +287,7 @@ class Timeline:
         return self._completed
 
     @cached_property
-    def _completed(self) -> Timeline:  # of every timeline a writer loads
+    def _completed(self) -> Timeline:  # asked of every timeline loaded, for its newest completed instant
         return Timeline._of_sorted(compress(self._instants, map(_completion_time, self._instants)))
 
     def pending(self) -> Timeline:

@@ -38,7 +38,7 @@ def filesystem(options: dict[str, Any]) -> AbstractFileSystem:
             del _FILESYSTEMS[next(iter(_FILESYSTEMS))]  # the oldest
         fs = _FILESYSTEMS[key] = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         if fs.session is None:  # a session the caller passed is theirs to configure
-            # Imported here: aiobotocore brings aiohttp and most of botocore, some 200 modules a process
+            # Imported here: aiobotocore brings aiohttp and most of botocore, some 270 modules a process
             # that opens only local tables would load (and its garbage collector walk) for nothing.
             from aiobotocore.session import AioSession
 

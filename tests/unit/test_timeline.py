@@ -78,6 +78,21 @@ def test_state_views(timeline: Timeline) -> None:
     assert list(timeline.filter(states=[State.REQUESTED])) == [requested(T6, Action.ROLLBACK)]
 
 
+def test_adding_instants_keeps_each_times_latest_state_as_building_anew_does(timeline: Timeline) -> None:
+    # older states of times it holds, later ones, and new times, one of them in two states
+    added = [requested(T1), requested(T3), done(T5, C[6]), inflight(T6, Action.ROLLBACK)]
+    added += [requested(T6, Action.ROLLBACK), requested("20260101120000007")]
+    added += [requested("20990101000000000"), inflight("20990101000000000")]
+    grown = timeline.adding(added)
+    assert list(grown) == list(Timeline([*timeline, *added]))
+    assert grown.get(T1) == done(T1, C[2]) and grown.get(T5) == done(T5, C[6])
+    assert grown.get(T6) == inflight(T6, Action.ROLLBACK)
+    assert grown.get("20990101000000000") == inflight("20990101000000000")
+    assert grown.get("20260101120000007") == requested("20260101120000007") and len(grown) == 8
+    assert list(timeline) == LATEST  # the timeline added to is unchanged
+    assert list(grown.data_commits()) == [*timeline.data_commits(), done(T5, C[6])]
+
+
 def test_completion_order(timeline: Timeline) -> None:
     assert [i.requested_time for i in timeline.in_completion_order()] == [T2, T1, T4, T3]
     assert timeline.latest_completion_time == C[5]
