@@ -679,7 +679,7 @@ def test_a_lock_taken_from_a_stale_view_is_not_held_and_its_files_go(
     )
     contender = fs_lock(storage, LockHolder(owner="stale-contender"))
     with (
-        caplog.at_level(logging.WARNING, logger="cowrite.protocol.locks.filesystem"),
+        caplog.at_level(logging.INFO, logger="cowrite.protocol.locks.filesystem"),
         pytest.raises(LockTimeoutError, match="real-holder"),
     ):
         contender.acquire(timeout=0.1)

@@ -377,8 +377,8 @@ class FileSystemLock(TableLock):
             # we may hold it, but cannot tell: give it back rather than leave it to expire
             write_release(self.storage, candidate, self.holder.owner, ReleaseReason.RELEASED, self.now())
             raise
-        if higher > candidate:
-            log.warning(
+        if higher > candidate:  # a race of contenders, handled here: not for a user's log at warning level
+            log.info(
                 "lock%d on %s was created from a stale view (lock%d exists); releasing it and retrying",
                 candidate,
                 self.storage.uri,
