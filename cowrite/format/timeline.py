@@ -317,10 +317,7 @@ class Timeline:
 
     def completed_in(self, window: InstantRange) -> list[Instant]:
         """Completed instants whose completion time is in ``window``, in completion order."""
-        return sorted(
-            (i for i in self._instants if i.is_completed and i.completion_time in window),
-            key=lambda i: i.completion_time or "",
-        )
+        return [i for i in self._in_completion_order if i.completion_time in window]
 
     def in_completion_order(self) -> Sequence[Instant]:
         """The completed instants in completion order."""

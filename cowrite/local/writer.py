@@ -143,18 +143,16 @@ class LocalWriter:
             # Listing early serves when the commits completed since this process last looked wrote
             # nothing in these partitions (a lone writer, or writers of other partitions whose notes say
             # so): else they are listed again, and the next write lists them after the timeline only.
-            begun, listed = transaction.begin_timeline, early[0] if early else kept
-            apart = self._apart(begun, listed)
-            self._list_early = completed(begun) <= known | apart
-            mine = transaction.instant_time
+            begun, mine = transaction.begin_timeline, transaction.instant_time
+            listed = early[0] if early else kept
+            apart, commits = self._apart(begun, listed), completed(begun)
+            self._list_early = commits <= known | apart
             others = [i for i in begun.pending() if i.action.writes_data and i.requested_time != mine]
-            self._alone = completed(begun) <= known and not others
-            ready = drafts.get(transaction.instant_time) if transaction.planned is not None else None
+            self._alone = commits <= known and not others
+            ready = drafts.get(mine) if transaction.planned is not None else None
             holding = replace(listed, known=listed.known | apart) if listed else None
-            made = self._write_files(
-                transaction, held, holding, ready, apart, ahead.get(transaction.instant_time)
-            )
-            written.append((*made, apart, completed(begun)))
+            made = self._write_files(transaction, held, holding, ready, apart, ahead.get(mine))
+            written.append((*made, apart, commits))
             return written[0][0]
 
         listing = held.partitions is not None and self._list_early
