@@ -35,7 +35,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
-from cowrite.protocol.sketch import leaves_alone, noted_sketch
+from cowrite.protocol.sketch import Sketch, leaves_alone, noted_sketch
 from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import committing_instant
@@ -184,18 +184,30 @@ class LocalWriter:
         return done
 
     def _apart(self, begun: Timeline, listing: EarlyListing | None) -> frozenset[str]:
-        """The commits completed on ``begun`` that ``listing`` does not know of and that, by the sketches
-        their notes name, wrote nothing in its partitions (replacecommits are never counted)."""
+        """The commits completed on ``begun`` that ``listing`` does not know of and that wrote nothing in
+        its partitions (replacecommits are never counted): by the sketches their notes name, or else by
+        the commits themselves, read at once. Reading them is one round trip, where a commit not known
+        apart costs the write a listing of its partitions and its plan made again, one after the other;
+        and the newest is read for the table's schema all the same. A commit that cannot be read is not
+        apart."""
         if listing is None:
             return frozenset()
+        unknown = [
+            i
+            for i in begun.data_commits()
+            if i.action is Action.COMMIT and i.requested_time not in listing.known
+        ]
+        sketches = {i: noted_sketch(self.table.storage, i) for i in unknown}
+        unnoted = [i for i, noted in sketches.items() if noted is None]
+        try:
+            sketches |= zip(unnoted, map(Sketch.of, self.table.commit_metadata_of(unnoted)), strict=True)
+        except CowriteError as exc:  # archived or rolled back meanwhile: its partitions are listed again
+            log.info("reading the commits completed since %s was listed failed: %s", listing.partitions, exc)
         groups = [f"{f.partition}/{f.file_id}" for f in listing.files]
         return frozenset(
             i.requested_time
-            for i in begun.data_commits()
-            if i.action is Action.COMMIT
-            and i.requested_time not in listing.known
-            and (sketch := noted_sketch(self.table.storage, i)) is not None
-            and leaves_alone(sketch, listing.partitions, groups)
+            for i, sketch in sketches.items()
+            if sketch is not None and leaves_alone(sketch, listing.partitions, groups)
         )
 
     def _draft(self, instant: str, held: HeldInput, begun: Timeline, early: EarlyListing | None) -> Draft:

@@ -367,6 +367,42 @@ def test_a_writer_lists_no_partition_when_the_notes_say_the_commits_since_left_i
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
+def test_a_writer_reads_the_commits_since_that_no_note_sketched_rather_than_list_and_plan_again(
+    table: Table, proxy: ProxyProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the writer's process knows no note of the rival's commit: with many writers a note is
+    made after the commit, in the background, and a listing of the lock directory made between the two
+    shows the commit's turn still held. The writer reads the rival's commit instead: it wrote nothing in
+    p0, so the plan the writer made with its claim stands, and it neither lists p0 nor writes its plan
+    again. A rival commit into p0's file group, read the same way, is not left out: the writer lists p0,
+    plans again, and builds on the rival's file."""
+    monkeypatch.setattr(local_writer, "noted_sketch", lambda storage, commit: None)
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["c"], ts=2, value="writer"))  # the writer knows p0's files from here on
+    rival.upsert(rows(["r"], part="p9", value="rival"))
+    proxy.reset()
+    writer.upsert(rows(["d"], ts=2, value="writer"))
+    mine = [what(r) for r in proxy.reset() if r.client == "writer"]
+    reads = [w for w in mine if w[0] in ("LIST", "GET") and w[1] != "locks"]
+    assert reads == [("LIST", "timeline"), ("GET", "timeline")]
+    # the claim, the plan once, the completed file; the file, written ahead of the listing, once
+    assert mine.count(("PUT", "timeline")) == 3 and mine.count(("PUT", "p0")) == 1
+    rival.upsert(rows(["a"], ts=3, value="rival"))  # into p0's file group
+    proxy.reset()
+    writer.upsert(rows(["b"], ts=3, value="writer"))
+    mine = [what(r) for r in proxy.reset() if r.client == "writer"]
+    reads = [w for w in mine if w[0] in ("LIST", "GET") and w[1] != "locks"]
+    assert reads[:3] == [("LIST", "timeline"), ("GET", "timeline"), ("LIST", "p0")]  # then p0's files
+    assert mine.count(("PUT", "timeline")) == 4  # the plan again, made on the listing of p0
+    expected = [{"id": "a", "part": "p0", "ts": 3, "value": "rival"},
+                {"id": "b", "part": "p0", "ts": 3, "value": "writer"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "d", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "r", "part": "p9", "ts": 1, "value": "rival"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(
     table: Table, slow_proxy: ProxyProcess
 ) -> None:
