@@ -185,11 +185,11 @@ class LocalWriter:
 
     def _apart(self, begun: Timeline, listing: EarlyListing | None) -> frozenset[str]:
         """The commits completed on ``begun`` that ``listing`` does not know of and that wrote nothing in
-        its partitions (replacecommits are never counted): by the sketches their notes name, or else by
-        the commits themselves, read at once. Reading them is one round trip, where a commit not known
-        apart costs the write a listing of its partitions and its plan made again, one after the other;
-        and the newest is read for the table's schema all the same. A commit that cannot be read is not
-        apart."""
+        its partitions (replacecommits are never counted): by the sketches their notes name, or else, on
+        an object store, by the commits themselves, read at once. There reading them is one round trip,
+        where a commit not known apart costs the write a listing of its partitions and its plan made
+        again, one after the other, and the newest is read for the table's schema all the same; on local
+        disk a listing costs less than parsing commits. A commit that cannot be read is not apart."""
         if listing is None:
             return frozenset()
         unknown = [
@@ -198,7 +198,7 @@ class LocalWriter:
             if i.action is Action.COMMIT and i.requested_time not in listing.known
         ]
         sketches = {i: noted_sketch(self.table.storage, i) for i in unknown}
-        unnoted = [i for i, noted in sketches.items() if noted is None]
+        unnoted = [i for i, noted in sketches.items() if noted is None and self.table.storage.round_trips]
         try:
             sketches |= zip(unnoted, map(Sketch.of, self.table.commit_metadata_of(unnoted)), strict=True)
         except CowriteError as exc:  # archived or rolled back meanwhile: its partitions are listed again
