@@ -197,8 +197,9 @@ class LocalWriter:
             for i in begun.data_commits()
             if i.action is Action.COMMIT and i.requested_time not in listing.known
         ]
-        sketches = {i: noted_sketch(self.table.storage, i) for i in unknown}
-        unnoted = [i for i, noted in sketches.items() if noted is None and self.table.storage.round_trips]
+        storage = self.table.storage
+        sketches = {i: noted_sketch(storage, i) for i in unknown}
+        unnoted = [i for i, noted in sketches.items() if noted is None] if storage.round_trips else []
         try:
             sketches |= zip(unnoted, map(Sketch.of, self.table.commit_metadata_of(unnoted)), strict=True)
         except CowriteError as exc:  # archived or rolled back meanwhile: its partitions are listed again
