@@ -325,8 +325,8 @@ class Timeline:
 
     @cached_property
     def _in_completion_order(self) -> tuple[Instant, ...]:  # the newest schema is looked for in it each time
-        completed = compress(self._instants, map(_completion_time, self._instants))
-        return tuple(sorted(completed, key=_completion_time))  # in requested order, so nearly sorted already
+        # in requested order, so nearly sorted already
+        return tuple(sorted(self._completed._instants, key=_completion_time))
 
     @cached_property
     def latest_completion_time(self) -> str | None:
@@ -339,7 +339,7 @@ class Timeline:
     @cached_property
     def completed_times(self) -> frozenset[str]:
         """Requested times of the completed instants."""
-        return frozenset(compress(self._times, map(_completion_time, self._instants)))
+        return frozenset(self._completed._times)
 
 
 def instant_named(name: str, remember: bool = True) -> Instant | None:
