@@ -173,9 +173,7 @@ def claim(
         except BaseException:
             # Not known to stand: withdrawn now, it needs no rollback (left behind, its time could be
             # claimed again once it is rolled back, then rolled back twice).
-            withdraw(table, instant, "the listing after it failed", planned=bool(planned), files=written)
-            if went is not None:
-                went.undo()
+            _take_back(table, instant, "the listing after it failed", bool(planned), written, went)
             raise
         later = next((i for i in after.after(instant.requested_time) if i.is_completed), None)
         # Not listed: a cleaner removed it as a withdrawn claim while this claimant was paused.
@@ -184,15 +182,22 @@ def claim(
         if not shared and later is None and not gone:
             break
         clash = "another action's instant at its time" if shared or gone else f"{later} later"
-        withdraw(table, instant, f"{clash} meanwhile", planned=bool(planned), files=written)
-        if went is not None:
-            went.undo()
+        _take_back(table, instant, f"{clash} meanwhile", bool(planned), written, went)
         timeline = after
     if observed():
         seen = sorted(i.requested_time for i in after if i.is_completed)
         made = time.time() - (time.monotonic() - made_at)  # the claim judges see is no older
         reached(Step.CLAIMED, instant.requested_time, action=instant.action.value, seen=seen, made=made)
     return instant, after, made_at
+
+
+def _take_back(
+    table: Table, instant: Instant, why: str, planned: bool, files: Sequence[str], went: Ahead | None
+) -> None:
+    """Withdraw a claim that does not stand (:func:`withdraw`), and undo what went ahead of its listing."""
+    withdraw(table, instant, why, planned=planned, files=files)
+    if went is not None:
+        went.undo()
 
 
 def withdraw(

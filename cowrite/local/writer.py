@@ -292,12 +292,15 @@ class LocalWriter:
             for path in {s.path for s in ahead or ()} - {s.path for s in draft.plan.write_stats}:
                 table.storage.delete(path)
             ahead = None
-        stats = list(ahead) if ahead is not None else []
-        for task, work in enumerate(draft.works if ahead is None else ()):
-            transaction.check_alive()
-            write = partial(self._write_group, draft, task, work, instant)
-            # the last file is written beside taking the lock for the commit that follows
-            stats.append(transaction.beside_the_lock(write) if task == len(draft.works) - 1 else write())
+        if ahead is not None:
+            stats = list(ahead)
+        else:
+            stats = []
+            for task, work in enumerate(draft.works):
+                transaction.check_alive()
+                write = partial(self._write_group, draft, task, work, instant)
+                # the last file is written beside taking the lock for the commit that follows
+                stats.append(transaction.beside_the_lock(write) if task == len(draft.works) - 1 else write())
         done = self._metadata(draft.operation, stats, draft.replaced, draft.schema)
         tagged = draft.tagged
         if self.options.config.get(keys.CONFLICT_ON_RECORD_KEYS) and draft.operation is not Operation.DELETE:
