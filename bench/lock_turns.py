@@ -14,7 +14,9 @@ A turn runs from one holder's create of ``lock<N>.acquired`` to the next holder'
 
 Each lock file is taken at its first PUT to arrive: for ``.acquired`` that is the create that took the
 lock, unless a losing create arrived within the proxy's delay before it (rare with the waiters' queue).
-Only turns whose holder published, released and was followed are counted: the others lack a part.
+Only turns whose holder published, released and was followed are counted: the others lack a part. While
+writers queue for the lock, one turn follows another with no gap between them, so the commits a turn
+publishes over its length are the table's commits per second.
 """
 
 from __future__ import annotations
@@ -33,18 +35,26 @@ PARTS = ("create", "to publish", "publish", "to release", "release", "handoff")
 
 @dataclass(frozen=True)
 class Turns:
-    """The parts of each complete turn of one run, in milliseconds, and the whole turns."""
+    """The parts of each complete turn of one run, in milliseconds, the whole turns, and the commits each
+    published (its holder's and those of waiters queued behind it)."""
 
     parts: dict[str, list[float]]
     turns: list[float]
+    commits: list[int]
 
     def describe(self) -> str:
-        """One line: the median of each part and of the whole turn, with its quartiles."""
+        """One line: the median of each part and of the whole turn, with its quartiles, and the commits a
+        turn published over its mean length."""
         if not self.turns:
             return "no complete turn"
         medians = ", ".join(f"{name} {statistics.median(ms):.0f}" for name, ms in self.parts.items())
         low, middle, high = _quartiles(self.turns)
-        return f"{len(self.turns)} turns, median ms: {medians}; turn {middle:.0f} ({low:.0f}-{high:.0f})"
+        commits, length = statistics.mean(self.commits), statistics.mean(self.turns)
+        rate = commits / length * 1000
+        return (
+            f"{len(self.turns)} turns, median ms: {medians}; turn {middle:.0f} ({low:.0f}-{high:.0f}); "
+            f"{commits:.1f} commits a turn of {length:.0f} ms (means): {rate:.1f} commits/s"
+        )
 
 
 def lock_turns(requests: list[Request]) -> Turns:
@@ -60,7 +70,7 @@ def lock_turns(requests: list[Request]) -> Turns:
         elif _COMPLETED.search(request.path):
             completed.append(request)
     parts: dict[str, list[float]] = {name: [] for name in PARTS}
-    turns = []
+    turns, commits = [], []
     for (lock_id, is_release), create in sorted(first.items()):
         release, following = first.get((lock_id, True)), first.get((lock_id + 1, False))
         if is_release or release is None or following is None:
@@ -80,7 +90,8 @@ def lock_turns(requests: list[Request]) -> Turns:
         for name, (start, end) in zip(PARTS, spans, strict=True):
             parts[name].append((end - start) * 1000)
         turns.append((following.began - create.began) * 1000)
-    return Turns(parts, turns)
+        commits.append(len(published))
+    return Turns(parts, turns, commits)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:

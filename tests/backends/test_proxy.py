@@ -113,7 +113,7 @@ def test_the_lock_turns_of_a_run_are_taken_apart_from_the_proxy_log(s3_server: S
         turns = lock_turns(proxy.requests())
         assert hudi_rs.snapshot(uri, options) == [{"id": 1, "v": "z"}]
     # three turns, each noted and released: the first two are followed by another, the last is not
-    assert len(turns.turns) == 2
+    assert len(turns.turns) == 2 and turns.commits == [1, 1]
     assert set(turns.parts) == set(PARTS) and all(len(ms) == 2 for ms in turns.parts.values())
     for name in ("create", "publish", "release"):  # round trips: each waited for the proxy
         assert min(turns.parts[name]) >= DELAY * 1000
@@ -140,3 +140,4 @@ def test_a_turn_that_published_waiters_commits_is_taken_apart_too(s3_server: S3S
             assert storage.create_if_absent(path, b"")
         turns = lock_turns(proxy.requests())
     assert len(turns.turns) == 1 and all(len(ms) == 1 for ms in turns.parts.values())
+    assert turns.commits == [2]  # the holder's own and its waiter's
