@@ -8,9 +8,10 @@ payload, the turn it began after, until when it may be published). The holder of
 completed file exists, reads the requests queued behind it and publishes each that passes the checks the
 waiter would make under the lock itself, in the order of the queue, each with a completion time above the
 one before and created after it (one round trip each: completed files appear in completion order, as
-incremental readers need). Its release notes them all (:mod:`.locks.lock_files`). A waiter that sees its
-commit noted stops waiting (:class:`~.locks.base.RequestPublished`); one that takes the lock first publishes
-its commit itself, unless a turn before it published it.
+incremental readers need). It begins each one's note beside its create, and its release, made once they
+all exist, is what counts them (:mod:`.locks.lock_files`). A waiter that sees its commit noted stops waiting
+(:class:`~.locks.base.RequestPublished`); one that takes the lock first publishes its commit itself, unless a
+turn before it published it.
 
 A holder publishes a request only when the notes of the turns since the waiter's begin tell it all the
 waiter's own check under the lock would look at:
@@ -142,6 +143,7 @@ def publish_waiting(
             continue
         completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
         done = request.instant.transition(State.COMPLETED, completion)
+        lock.note_grouped(sketch.note(done.file_name, metadata))  # counts only once the release exists
         # A create that fails midway may have acted: the turn then ends unnoted, and later holders list
         # the timeline.
         try:

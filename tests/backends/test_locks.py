@@ -1145,3 +1145,36 @@ def test_a_turn_that_published_waiters_commits_counts_as_noted_once_all_its_note
     }
     acquired, others = lock_files.collectable(Storage.for_uri("memory://groups"), whole, 4)
     assert acquired == [f"{LOCK_DIR}/lock3.acquired"] and set(others) == notes
+
+
+def test_a_waiters_note_begun_beside_its_commit_counts_only_once_the_turn_is_noted(storage: Storage) -> None:
+    """A holder begins each waiter's note beside the create of that waiter's completed file, so a note may
+    show before the file exists, or stay behind when the create failed. Such a note tells nobody anything
+    until the turn's own note, made once every file exists, shows and counts it; a turn released without
+    that note published nothing anyone may rely on."""
+    own, first = "20261201000000001_20261201000000005.commit", "20261201000000002_20261201000000006.commit"
+    failed = fs_lock(storage, LockHolder(owner="writer-1"))
+    failed.acquire(timeout=5)
+    failed.note_grouped(first)
+    finish_background()
+    seen = lock_files.files_named(frozenset(storage.names(LOCK_DIR)))
+    assert f"lock1.grouped.{first}" in storage.names(LOCK_DIR)
+    assert seen.is_held(1) and seen.published == {} and seen.noting("20261201000000002") is None
+    failed.release()  # its create failed: the turn ends without a note
+    finish_background()
+    seen = lock_files.files_named(frozenset(storage.names(LOCK_DIR)))
+    assert seen.released == {1} and seen.published == {} and seen.noting("20261201000000002") is None
+
+    holder = fs_lock(storage, LockHolder(owner="writer-3"))
+    holder.acquire(timeout=5)
+    holder.note_grouped(first)
+    holder.note_published(own, [first])
+    holder.release()
+    finish_background()
+    seen = lock_files.files_named(frozenset(storage.names(LOCK_DIR)))
+    assert seen.published == {2: (own, first)} and seen.noting("20261201000000002") == first
+    later = fs_lock(storage)
+    later.acquire(timeout=5)
+    assert later.published_since(0) is None and later.published_since(1) == [own, first]
+    later.release()
+    finish_background()

@@ -132,6 +132,11 @@ class TableLock(ABC):
         timeline."""
         return None  # a provider without turns has nobody to tell
 
+    def note_grouped(self, grouped: str) -> None:
+        """Begin the note of a waiter's commit ``grouped`` now, beside the create of its completed file:
+        the turn's release, made once both exist, is what makes either count."""
+        return None
+
     def requests(self) -> list[tuple[int, bytes]]:
         """The :attr:`request` of every waiter queued behind the holder, with its place, in the order of
         the queue; empty where the provider does not queue waiters."""

@@ -18,9 +18,11 @@ Files, each created once with create-if-absent and never rewritten:
   without listing it.
 - ``lock<id>.published+<n>.<...>`` and ``n`` files ``lock<id>.grouped.<...>`` (empty): a writer's turn that
   published, after its own commit, the commits of ``n`` waiters (group commit,
-  :mod:`cowrite.protocol.group`). The first ends the turn as a note does; the others name the waiters'
-  completed files, all created once every completed file exists. A listing that shows fewer than ``n``
-  grouped notes counts the turn as ended but not noted.
+  :mod:`cowrite.protocol.group`). The first ends the turn as a note does, created once every completed
+  file and every other note exists; the others name the waiters' completed files, each begun beside the
+  create of the file it names, so one may show before that file exists, or stay behind a create that
+  failed: they count only beside the first. A listing that shows the first and fewer than ``n`` grouped
+  notes counts the turn as ended but not noted.
 - ``lock<id>.queued``: a waiter's place in the queue, on an object store: it means to take lock
   ``id`` once lock ``id - 1`` is released, and others leave that id to it for a while
   (:meth:`~cowrite.protocol.locks.filesystem.FileSystemLock.acquire`). A place decides nobody's turn:

@@ -3,8 +3,8 @@
 A writer's turn that noted what it published (:meth:`~.filesystem.FileSystemLock.note_published`) ends
 with that note, ``lock<id>.published.<...>``, created once the completed file it names exists: one file
 both tells later holders what the turn published and releases the lock, and a note that exists names a
-commit that does. A turn that also published waiters' commits creates their notes beside it. Any other turn
-ends with ``lock<id>.released`` (:mod:`.lock_files`).
+commit that does. A turn that also published waiters' commits made their notes before it, each beside the
+create of the completed file it names. Any other turn ends with ``lock<id>.released`` (:mod:`.lock_files`).
 
 On an object store the release is made in the background: what it ends (a commit) is complete, and
 nobody in the process needs its answer. The process's next try for the same table's lock waits for it
@@ -66,17 +66,25 @@ def end_turn(
     held_since: float,
     noted: tuple[str, ...] | None,
     now: Callable[[], float],
+    begun: dict[str, Future[bool] | None] | None = None,
 ) -> None:
     """End the turn ``lock_id`` that ``owner`` has held since ``held_since`` (``time.monotonic()``): with
     the notes ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`,
-    then those it published for waiters), else with ``lock<id>.released``. On local disk now, raising
+    then those it published for waiters; ``begun``: the creates of those notes underway, by name), else
+    with ``lock<id>.released``. On local disk now, raising
     what the storage raises; on an object store in the background, where a failure is only logged (the
     lock then expires)."""
     _LAST_TURN[storage.uri] = (lock_id, held_since)
-    # The notes of the waiters' commits first, at once, then the release: a listing that shows the release
-    # shows them all, and their waiters learn from it that their commits are in.
+    # The notes of the waiters' commits first (``begun`` beside their completed files, the holder's
+    # :meth:`note_grouped`; any other at once), then the release: a listing that shows the release shows
+    # them all, and their waiters learn from it that their commits are in.
+    begun = begun or {}
     grouped = [
-        in_background(storage, partial(storage.create_if_absent, grouped_path(lock_id, name), b""), "noting")
+        begun[name]
+        if name in begun
+        else in_background(
+            storage, partial(storage.create_if_absent, grouped_path(lock_id, name), b""), "noting"
+        )
         for name in (noted or ())[1:]
     ]
     give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now, grouped)
