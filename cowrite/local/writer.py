@@ -285,7 +285,7 @@ class LocalWriter:
         first. Returns what it wrote, and the plan it followed."""
         table, instant = self.table, transaction.instant_time
         draft = ready
-        if draft is None or draft.basis != Draft.basis_of(table, transaction.begin_timeline, apart):
+        if draft is None or not draft.stands_on(table, transaction.begin_timeline, apart):
             draft = self._draft(instant, held, transaction.begin_timeline, early)
             transaction.plan(draft.plan)
             # before the commit, which would make them visible: their names carry its time
@@ -363,6 +363,14 @@ class Draft:
         table's schema."""
         commits = completed(timeline) - apart
         return commits, timeline_start(table, timeline), latest_schema(table, timeline)
+
+    def stands_on(self, table: Table, timeline: Timeline, apart: frozenset[str]) -> bool:
+        """Whether the write would plan the same on ``timeline``: the same basis, but for the commits
+        ``apart`` from its partitions on either side. The timeline a draft was made on may hold such a commit
+        that the files it was planned from do not know of: one its process published for a waiter in its
+        last turn, or learned of from a note."""
+        commits, start, schema = self.basis
+        return (commits - apart, start, schema) == Draft.basis_of(table, timeline, apart)
 
 
 def completed(timeline: Timeline) -> frozenset[str]:

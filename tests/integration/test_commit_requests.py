@@ -403,6 +403,36 @@ def test_a_writer_reads_the_commits_since_that_no_note_sketched_rather_than_list
     assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
 
 
+def test_a_plan_stands_on_a_commit_its_process_listed_that_left_its_partition_alone(
+    table: Table, proxy: ProxyProcess
+) -> None:
+    """A rival commits to another partition, and the writer's process lists the table's timeline (it reads
+    the table, say; a holder of the lock publishing a waiter's commit knows of it the same way): its
+    timeline holds the rival's commit, but the files of p0 it keeps from its last write do not name it.
+    Its next upsert into p0 lists p0 beside its claim and plans on that timeline; the rival's note says
+    the commit left p0 alone, so after the timeline's listing that plan stands, though the files the
+    listing's view of p0 builds on name no such commit: the writer writes its plan and its file once."""
+    writer = LocalWriter(through(table, proxy, "writer"))
+    rival = LocalWriter(through(table, proxy, "rival"))
+    writer.upsert(rows(["c"], ts=2, value="writer"))  # the writer knows p0's files from here on
+    rival.upsert(rows(["r"], part="p9", value="rival"))
+    finish_background()  # its note
+    scan(writer.table.storage)  # which the writer's process sees
+    writer.table.timeline()
+    proxy.reset()
+    writer.upsert(rows(["d"], ts=2, value="writer"))
+    mine = [what(r) for r in proxy.reset() if r.client == "writer"]
+    reads = [w for w in mine if w[0] in ("LIST", "GET") and w[1] != "locks"]
+    assert reads == [("LIST", "p0"), ("LIST", "timeline")]  # p0 beside the claim, then the timeline
+    assert mine.count(("PUT", "timeline")) == 3 and mine.count(("PUT", "p0")) == 1  # the plan, the file: once
+    expected = [{"id": "a", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "b", "part": "p0", "ts": 1, "value": "v"},
+                {"id": "c", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "d", "part": "p0", "ts": 2, "value": "writer"},
+                {"id": "r", "part": "p9", "ts": 1, "value": "rival"}]  # fmt: skip
+    assert as_rows(read.snapshot(table)) == expected == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
 def test_a_writer_learns_what_was_published_meanwhile_from_the_notes_and_still_sees_the_conflict(
     table: Table, slow_proxy: ProxyProcess
 ) -> None:
