@@ -368,7 +368,7 @@ class Draft:
         """Whether the write would plan the same on ``timeline``: the same basis, but for the commits
         ``apart`` from its partitions on either side. The timeline a draft was made on may hold such a commit
         that the files it was planned from do not know of: one its process published for a waiter in its
-        last turn, or learned of from a note."""
+        last turn, or listed since (a read of the table, a listing under the lock)."""
         commits, start, schema = self.basis
         return (commits - apart, start, schema) == Draft.basis_of(table, timeline, apart)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import replace
 from enum import Enum
 from functools import partial
@@ -45,7 +44,6 @@ from cowrite.protocol.locks.lock_files import (
     delete_in_order,
     describe_release,
     expire_lock,
-    grouped_path,
     holder_or_unknown,
     is_release,
     queued_path,
@@ -56,7 +54,7 @@ from cowrite.protocol.locks.lock_files import (
     timeout_error,
     write_release,
 )
-from cowrite.protocol.locks.releases import end_turn, hold_seconds, last_turn, releasing, settle
+from cowrite.protocol.locks.releases import begin_note, end_turn, hold_seconds, last_turn, releasing, settle
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
 from cowrite.storage.together import beside, in_background
@@ -124,7 +122,6 @@ class FileSystemLock(TableLock):
         self._notes: dict[int, tuple[str, ...]] = {}
         self._noted: tuple[str, ...] | None = None  # what the turn this object holds published, once it says
         self._served: list[int] = []  # the places of the waiters whose commits it published
-        self._grouping: dict[str, Future[bool] | None] = {}  # waiters' notes begun, by name
         self._free_after: int | None = None  # the last turn noted, when the lock was free then
         # Since when what this object knows of the lock directory holds (time.monotonic()): when its last
         # listing began, or when its process's create of the last turn began; None on local disk.
@@ -255,8 +252,7 @@ class FileSystemLock(TableLock):
 
     def note_grouped(self, grouped: str) -> None:
         if self._id is not None:
-            create = partial(self.storage.create_if_absent, grouped_path(self._id, grouped), b"")
-            self._grouping[grouped] = in_background(self.storage, create, "noting")
+            begin_note(self.storage, self._id, grouped)
 
     def requests(self) -> list[tuple[int, bytes]]:
         """Read at once from the places behind this holder, where its last view showed any or is stale:
@@ -402,7 +398,6 @@ class FileSystemLock(TableLock):
 
     def _taken(self, lock_id: int, asked: float) -> _Outcome:
         self._id, self._held_since, self._noted, self._served = lock_id, asked, None, []
-        self._grouping = {}
         if self._place is not None and self._place > lock_id:
             self._leave_queue()  # taken before its place came (left free by a waiter that died in the queue)
         return _Outcome.ACQUIRED
@@ -463,10 +458,7 @@ class FileSystemLock(TableLock):
         lock_id = self._id
         if lock_id is None:
             return
-        end_turn(
-            self.storage, lock_id, self.holder.owner, self._held_since, self._noted, self.now, self._grouping
-        )
-        self._grouping = {}
+        end_turn(self.storage, lock_id, self.holder.owner, self._held_since, self._noted, self.now)
         self._id = None
         if self._served:  # after the release: the waiters see their notes first
             served = [queued_path(place) for place in self._served]

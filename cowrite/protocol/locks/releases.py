@@ -50,6 +50,14 @@ _LAST_TURN: dict[str, tuple[int, float]] = keep_mapping(
     "the next turn is taken from it, without a listing, while that is fresh",
 )
 
+_NOTING: dict[str, dict[str, Future[bool] | None]] = keep_mapping(
+    "cowrite.protocol.locks.releases._NOTING",
+    {},
+    "the waiters' notes of one turn per table whose lock this process holds",
+    "on an object store a holder begins each waiter's note beside the create of its commit: the turn's "
+    "release waits for them",
+)
+
 _RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
     "cowrite.protocol.locks.releases._RELEASING",
     {},
@@ -59,6 +67,17 @@ _RELEASING: dict[str, tuple[int, Future[bool]]] = keep_mapping(
 )
 
 
+def begin_note(storage: Storage, lock_id: int, grouped: str) -> None:
+    """Begin the note ``lock<id>.grouped.<grouped>`` of a waiter's commit that turn ``lock_id`` publishes,
+    for :func:`end_turn` to wait for (in the background on an object store)."""
+    _NOTING.setdefault(storage.uri, {})[grouped] = _note(storage, lock_id, grouped)
+
+
+def _note(storage: Storage, lock_id: int, grouped: str) -> Future[bool] | None:
+    create = partial(storage.create_if_absent, grouped_path(lock_id, grouped), b"")
+    return in_background(storage, create, "noting")
+
+
 def end_turn(
     storage: Storage,
     lock_id: int,
@@ -66,27 +85,18 @@ def end_turn(
     held_since: float,
     noted: tuple[str, ...] | None,
     now: Callable[[], float],
-    begun: dict[str, Future[bool] | None] | None = None,
 ) -> None:
     """End the turn ``lock_id`` that ``owner`` has held since ``held_since`` (``time.monotonic()``): with
     the notes ``noted`` (the completed file a writer's turn published, or :data:`~.lock_files.NOTHING`,
-    then those it published for waiters; ``begun``: the creates of those notes underway, by name), else
-    with ``lock<id>.released``. On local disk now, raising
+    then those it published for waiters), else with ``lock<id>.released``. On local disk now, raising
     what the storage raises; on an object store in the background, where a failure is only logged (the
     lock then expires)."""
     _LAST_TURN[storage.uri] = (lock_id, held_since)
-    # The notes of the waiters' commits first (``begun`` beside their completed files, the holder's
-    # :meth:`note_grouped`; any other at once), then the release: a listing that shows the release shows
-    # them all, and their waiters learn from it that their commits are in.
-    begun = begun or {}
-    grouped = [
-        begun[name]
-        if name in begun
-        else in_background(
-            storage, partial(storage.create_if_absent, grouped_path(lock_id, name), b""), "noting"
-        )
-        for name in (noted or ())[1:]
-    ]
+    # The notes of the waiters' commits first (begun beside their completed files, any other now), then
+    # the release: a listing that shows the release shows them all, and their waiters learn from it that
+    # their commits are in.
+    begun = _NOTING.pop(storage.uri, {})
+    grouped = [begun[n] if n in begun else _note(storage, lock_id, n) for n in (noted or ())[1:]]
     give_back = partial(_give_back, storage, lock_id, owner, held_since, noted, now, grouped)
     releasing = in_background(storage, give_back, f"releasing table lock {lock_id}")
     if releasing is not None:
