@@ -23,6 +23,7 @@ from cowrite.errors import BaseFileGoneError, StorageError
 from cowrite.format.fs_view import BaseFile, list_base_files, open_base_file
 from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
+from cowrite.storage import s3
 from cowrite.storage.backend import Storage
 from cowrite.storage.inotify import Listings, listings
 
@@ -473,6 +474,66 @@ def test_create_if_absent_has_exactly_one_winner_among_racers(
     winners = [payload for payload, won in outcomes if won]
     assert len(winners) == 1
     assert storage.read(path) == winners[0]
+
+
+def _the_contract_on(storage: Storage) -> None:
+    """What every S3 request of a table's keeps to, on one storage."""
+    storage.write("t/a", b"1")
+    storage.write("t/sub/c", b"below")
+    assert storage.read("t/a") == b"1"
+    assert storage.create_if_absent("t/b", b"2") and not storage.create_if_absent("t/b", b"3")
+    assert storage.read("t/b") == b"2"
+    with storage.open_output("t/d") as out:
+        out.write(pa.py_buffer(b"parquet's buffers"))  # pyarrow's buffers, as a parquet writer hands them
+    assert [f.path for f in storage.list("t")] == ["t/a", "t/b", "t/d"]
+    assert [f.path for f in storage.list_after("t", "a")] == ["t/b", "t/d"]
+    assert storage.read("t/d") == b"parquet's buffers"
+    storage.delete_all(["t/a", "t/b"])
+    storage.delete("t/d")
+    assert [f.path for f in storage.list("t")] == []
+    with pytest.raises(FileNotFoundError):
+        storage.read("t/a")
+
+
+def test_s3_requests_go_through_obstore_unless_the_options_ask_for_what_only_s3fs_does(
+    s3_server: S3Server,
+) -> None:
+    honoured = s3_server.storage_options()
+    only_s3fs = honoured | {"config_kwargs": {"user_agent_extra": "cowrite-tests"}}
+    for options, through_obstore in ((honoured, True), (only_s3fs, False)):
+        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **options)
+        assert (s3.object_store(storage.fs, options, s3_server.bucket) is not None) == through_obstore
+        _the_contract_on(storage)
+
+
+def test_s3_endpoint_and_credentials_come_from_the_aws_environment_alone(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}")
+    assert s3.object_store(storage.fs, {}, s3_server.bucket) is not None
+    _the_contract_on(storage)
+
+
+def _write_from_a_fork(uri: str, options: dict[str, Any]) -> None:
+    storage = Storage.for_uri(uri, **options)
+    storage.write("child", storage.read("parent") + b" and child")
+
+
+def test_a_process_forked_after_s3_requests_makes_its_own_and_exits(s3_server: S3Server) -> None:
+    """obstore's threads do not survive a fork, and a store used in a forked child would wait for them for
+    ever: the child makes its requests through s3fs."""
+    uri, options = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", s3_server.storage_options()
+    storage = Storage.for_uri(uri, **options)
+    storage.write("parent", b"parent")  # through obstore: its runtime runs in this process now
+    child = multiprocessing.get_context("fork").Process(target=_write_from_a_fork, args=(uri, options))
+    child.start()
+    child.join(timeout=60)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
+    assert storage.read("child") == b"parent and child"
 
 
 def test_an_unreachable_s3_endpoint_raises_storage_error_naming_the_path() -> None:
