@@ -461,8 +461,12 @@ class S3Storage(Storage):
     def portable_options(self) -> dict[str, Any]:
         return s3.portable_options(self.fs, self.options)
 
+    _opened: tuple[int, S3Store | None] | None = None  # (process, its store): a forked child opens its own
+
     def _store(self) -> S3Store | None:
-        return s3.object_store(self.fs, self.options, self.root.partition("/")[0])
+        if self._opened is None or self._opened[0] != os.getpid():
+            self._opened = (os.getpid(), s3.object_store(self.fs, self.options, self.root.partition("/")[0]))
+        return self._opened[1]
 
     def _key(self, path: str) -> str:
         return self.full_path(path).partition("/")[2]

@@ -263,15 +263,15 @@ def write(store: S3Store, key: str, data: bytes) -> None:
 
 
 def create(store: S3Store, key: str, data: bytes) -> bool:
-    """Whether this PUT with ``If-None-Match: *`` created ``key``: False when it exists, or when S3 answers
-    that another conditional write of it is under way (409), of which one wins."""
+    """Whether this PUT with ``If-None-Match: *`` created ``key``: False when it exists (S3's 412). Any
+    other refusal raises, as through s3fs: whether the key exists then is not known."""
     import obstore
-    from obstore.exceptions import AlreadyExistsError, PreconditionError
+    from obstore.exceptions import AlreadyExistsError
 
     with _as_os_errors():
         try:
             obstore.put(store, key, data, mode="create")
-        except (AlreadyExistsError, PreconditionError):
+        except AlreadyExistsError:
             return False
     return True
 
