@@ -23,23 +23,18 @@ import builtins
 import os
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import fsspec
 from fsspec import AbstractFileSystem
-from fsspec.asyn import sync
 
 from cowrite.errors import StorageError
 from cowrite.storage import s3
 from cowrite.storage.inotify import NewFiles, listings
-
-if TYPE_CHECKING:
-    from obstore import ObjectMeta
-    from obstore.store import S3Store
 
 T = TypeVar("T")
 
@@ -445,113 +440,61 @@ class MemoryStorage(Storage):
 
 
 class S3Storage(Storage):
-    """S3 (and what speaks its API): a request per call. A table's requests go through an obstore store
-    (:func:`.s3.object_store`: a client in Rust, which makes a request with a fraction of the CPU
-    botocore takes, where the writers of a busy table spend most of theirs), except where the options ask
-    for what only s3fs does; s3fs opens it, resolves its endpoint and credentials, and makes every other
-    request. Requests s3fs would add are left out either way: a size lookup before a whole read (it
-    splits large reads into concurrent ranges; timeline files are small), a bucket lookup before a write
-    (an object store has no directories to make), and a listing of the parent after an empty one (to
-    tell a missing directory from a file: an insert's new partition would cost a listing of every
-    partition)."""
+    """S3 (and what speaks its API): a request per call, through obstore where the options allow and s3fs
+    otherwise (:func:`.s3.requests_for`), which opens it and makes the rare requests not below. Left out
+    are requests s3fs would add: a size lookup before a whole read (timeline files are small), a bucket
+    lookup before a write (no directories to make), a listing of the parent after an empty one (an
+    insert's new partition would cost a listing of every partition)."""
 
     clock_resolution = 1.0  # S3 gives modification times in whole seconds, cut down
     lists_tails = True
+    _opened: tuple[int, s3.Requests] | None = None  # (process, its requests): a forked child opens its own
 
     def portable_options(self) -> dict[str, Any]:
         return s3.portable_options(self.fs, self.options)
 
-    _opened: tuple[int, S3Store | None] | None = None  # (process, its store): a forked child opens its own
-
-    def _store(self) -> S3Store | None:
+    def _requests(self) -> s3.Requests:
         if self._opened is None or self._opened[0] != os.getpid():
-            self._opened = (os.getpid(), s3.object_store(self.fs, self.options, self.root.partition("/")[0]))
+            self._opened = (os.getpid(), s3.requests_for(self.fs, self.options, self.root.partition("/")[0]))
         return self._opened[1]
 
-    def _key(self, path: str) -> str:
-        return self.full_path(path).partition("/")[2]
-
-    def _prefix(self, directory: str) -> str:
-        return f"{self._key(directory)}/" if directory else f"{self.root.partition('/')[2]}/".lstrip("/")
-
-    def _files(self, directory: str, objects: Iterable[ObjectMeta]) -> builtins.list[FileInfo]:
-        """The files among obstore's listed ``objects`` that lie directly inside ``directory``."""
-        inside, cut = f"{directory}/" if directory else "", len(self._prefix(directory))
-        named = ((o["path"][cut:], o) for o in objects)
-        late = self.clock_resolution
-        return [
-            FileInfo(inside + name, int(o["size"]), o["last_modified"].timestamp() + late)
-            for name, o in named
-            if "/" not in name and not _is_temp(name)
-        ]
-
     def list(self, directory: str = "") -> builtins.list[FileInfo]:
-        if (store := self._store()) is not None:
-            return self._files(
-                directory, self._call(directory, lambda: s3.listed(store, self._prefix(directory)))
-            )
         full = self.full_path(directory)
-        entries = self._call(directory, lambda: sync(self.fs.loop, self.fs._lsdir, full, refresh=True))
-        return [self._info(e) for e in entries if e["type"] == "file" and not _is_temp(e["name"])]
+        return self._files(directory, self._call(directory, lambda: self._requests().listed(full)))
 
     def list_after(self, directory: str, after: str) -> builtins.list[FileInfo]:
         """One request for the tail of a long directory: ListObjectsV2 with ``StartAfter``."""
-        if (store := self._store()) is not None:
-            prefix = self._prefix(directory)
-            return self._files(
-                directory, self._call(directory, lambda: s3.listed_after(store, prefix, after))
-            )
-        inside = f"{directory}/" if directory else ""
-        keys = self._call(directory, lambda: s3.keys_after(self.fs, self.full_path(directory), after))
-        late = self.clock_resolution
-        return [FileInfo(inside + name, size, at + late) for name, size, at in keys if not _is_temp(name)]
+        full = self.full_path(directory)
+        return self._files(
+            directory, self._call(directory, lambda: self._requests().listed_after(full, after))
+        )
+
+    def _files(self, directory: str, listed: s3.Listed) -> builtins.list[FileInfo]:
+        inside, late = f"{directory}/" if directory else "", self.clock_resolution
+        return [FileInfo(inside + name, size, at + late) for name, size, at in listed if not _is_temp(name)]
 
     def delete_all(self, paths: Collection[str]) -> None:
-        """One DeleteObjects request a thousand keys (a key S3 refused to delete stays for a later
-        collection); a single file with a DeleteObject request (:meth:`delete`, through s3fs: deletes on a
-        write's way are rare, and obstore would make a DeleteObjects request of it)."""
+        """A DeleteObjects request a thousand keys (a key S3 refused stays for a later collection)."""
         if len(paths) < 2:
             for path in paths:
                 self.delete(path)
             return
-        if (store := self._store()) is not None:
-            keys = [self._key(path) for path in paths]
-            self._call(next(iter(paths)), lambda: s3.delete(store, keys))
-        else:
-            full = [self.full_path(path) for path in paths]
-            self._call(next(iter(paths)), lambda: self.fs.rm(full))
+        full = [self.full_path(path) for path in paths]
+        self._call(next(iter(paths)), lambda: self._requests().delete_all(full))
 
     def read(self, path: str) -> bytes:
-        if (store := self._store()) is not None:
-            return self._call(path, lambda: s3.read(store, self._key(path)))
-        return self._call(path, lambda: self.fs.cat_file(self.full_path(path), max_concurrency=1))
+        return self._call(path, lambda: self._requests().read(self.full_path(path)))
 
     def write(self, path: str, data: bytes) -> None:
-        if (store := self._store()) is not None:
-            self._call(path, lambda: s3.write(store, self._key(path), data))
-        else:
-            super().write(path, data)
+        self._call(path, lambda: self._requests().write(self.full_path(path), data))
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
-        if (store := self._store()) is not None:
-            return self._call(path, lambda: s3.create(store, self._key(path), data))
-        try:
-            self._call(path, lambda: self.fs.pipe_file(self.full_path(path), data, mode="create"))
-            return True
-        except FileExistsError:
-            return False
+        return self._call(path, lambda: self._requests().create(self.full_path(path), data))
 
     @contextmanager
     def open_output(self, path: str) -> Iterator[IO[bytes]]:
-        """Through obstore, a file uploaded in parts once it outgrows a buffer, and not at all when the
-        block raises: a parquet writer that failed leaves no file behind."""
-        store = self._store()
         try:
-            with (
-                s3.writer(store, self._key(path))
-                if store
-                else self.fs.open(self.full_path(path), "wb") as out
-            ):
+            with self._requests().output(self.full_path(path)) as out:
                 yield out
         except _BACKEND_ERRORS as exc:
             raise StorageError(f"storage failed writing {self.full_path(path)}: {exc}") from exc

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
@@ -236,6 +236,128 @@ def _open_store(fs: AbstractFileSystem, options: dict[str, Any], bucket: str) ->
     return S3Store(bucket, credential_provider=provider, **settings)
 
 
+Listed = list[tuple[str, int, float]]  # (name inside the directory, size, modification time) of each file
+
+
+def requests_for(fs: AbstractFileSystem, options: dict[str, Any], bucket: str) -> Requests:
+    """Who makes a storage's requests in this process: obstore where :func:`object_store` gives a store,
+    s3fs otherwise."""
+    store = object_store(fs, options, bucket)
+    return ObstoreRequests(store) if store is not None else S3fsRequests(fs)
+
+
+class S3fsRequests:
+    """A storage's requests through s3fs (botocore), of paths ``bucket/key``. Raises what s3fs raises."""
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        self.fs = fs
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path, max_concurrency=1))
+
+    def write(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    def listed(self, directory: str) -> Listed:
+        entries = sync(self.fs.loop, self.fs._lsdir, directory, refresh=True)
+        return [
+            (e["name"].rsplit("/", 1)[-1], int(e.get("size") or 0), e["LastModified"].timestamp())
+            for e in entries
+            if e["type"] == "file"
+        ]
+
+    def listed_after(self, directory: str, after: str) -> Listed:
+        return keys_after(self.fs, directory, after)
+
+    def delete_all(self, paths: list[str]) -> None:
+        """One DeleteObjects request a thousand keys (s3fs's bulk delete, which does not report a key S3
+        refused)."""
+        self.fs.rm(paths)
+
+    def output(self, path: str) -> AbstractContextManager[IO[bytes]]:
+        return cast(AbstractContextManager[IO[bytes]], self.fs.open(path, "wb"))
+
+
+class ObstoreRequests:
+    """A storage's requests through an obstore store, of paths ``bucket/key``. Raises ``OSError`` for what
+    obstore raises (``FileNotFoundError`` for a missing key)."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    def read(self, path: str) -> bytes:
+        with _as_os_errors():
+            return bytes(obstore().get(self.store, _key(path)).bytes())
+
+    def write(self, path: str, data: bytes) -> None:
+        with _as_os_errors():
+            obstore().put(self.store, _key(path), data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Whether this PUT with ``If-None-Match: *`` created the key: False when it exists (S3's 412). Any
+        other refusal raises, as through s3fs: whether the key exists then is not known."""
+        from obstore.exceptions import AlreadyExistsError
+
+        with _as_os_errors():
+            try:
+                obstore().put(self.store, _key(path), data, mode="create")
+            except AlreadyExistsError:
+                return False
+        return True
+
+    def listed(self, directory: str) -> Listed:
+        prefix = _key(f"{directory}/")
+        with _as_os_errors():
+            return _inside(prefix, obstore().list_with_delimiter(self.store, prefix or None)["objects"])
+
+    def listed_after(self, directory: str, after: str) -> Listed:
+        """ListObjectsV2 with ``StartAfter``, a request a page. obstore has no delimiter with a start, so keys
+        below sub-directories come too (the timeline's ``history/`` of a table Hudi archived: a page more),
+        and are left out here."""
+        prefix = _key(f"{directory}/")
+        with _as_os_errors():
+            pages = obstore().list(self.store, prefix or None, offset=prefix + after, chunk_size=PAGE)
+            return _inside(prefix, [o for page in pages for o in page])
+
+    def delete_all(self, paths: list[str]) -> None:
+        """One DeleteObjects request a thousand keys (obstore makes one even of a single key)."""
+        with _as_os_errors():
+            obstore().delete(self.store, [_key(path) for path in paths])
+
+    @contextmanager
+    def output(self, path: str) -> Iterator[IO[bytes]]:
+        """A file uploaded in parts once it outgrows a buffer, and not at all when the block raises: a
+        parquet writer that failed leaves no object behind."""
+        with _as_os_errors(), obstore().open_writer(self.store, _key(path)) as out:
+            yield cast(IO[bytes], _Upload(out))
+
+
+Requests = S3fsRequests | ObstoreRequests
+
+
+def obstore() -> Any:
+    import obstore  # loaded with the first S3 table's requests, as botocore is
+
+    return obstore
+
+
+def _key(path: str) -> str:
+    return path.partition("/")[2]
+
+
+def _inside(prefix: str, objects: Iterable[ObjectMeta]) -> Listed:
+    """(name, size, time) of the ``objects`` directly under ``prefix``."""
+    named = ((o["path"][len(prefix) :], o) for o in objects)
+    return [(name, int(o["size"]), o["last_modified"].timestamp()) for name, o in named if "/" not in name]
+
+
 @contextmanager
 def _as_os_errors() -> Iterator[None]:
     """obstore's errors as the ``OSError`` the storage contract translates (a missing key already is a
@@ -246,72 +368,6 @@ def _as_os_errors() -> Iterator[None]:
         yield
     except BaseError as exc:
         raise OSError(str(exc)) from exc
-
-
-def read(store: S3Store, key: str) -> bytes:
-    import obstore
-
-    with _as_os_errors():
-        return bytes(obstore.get(store, key).bytes())
-
-
-def write(store: S3Store, key: str, data: bytes) -> None:
-    import obstore
-
-    with _as_os_errors():
-        obstore.put(store, key, data)
-
-
-def create(store: S3Store, key: str, data: bytes) -> bool:
-    """Whether this PUT with ``If-None-Match: *`` created ``key``: False when it exists (S3's 412). Any
-    other refusal raises, as through s3fs: whether the key exists then is not known."""
-    import obstore
-    from obstore.exceptions import AlreadyExistsError
-
-    with _as_os_errors():
-        try:
-            obstore.put(store, key, data, mode="create")
-        except AlreadyExistsError:
-            return False
-    return True
-
-
-def listed(store: S3Store, prefix: str) -> list[ObjectMeta]:
-    """The objects directly under ``prefix`` (``dir/``), as obstore describes them."""
-    import obstore
-
-    with _as_os_errors():
-        return list(obstore.list_with_delimiter(store, prefix)["objects"])
-
-
-def listed_after(store: S3Store, prefix: str, after: str) -> list[ObjectMeta]:
-    """The objects under ``prefix`` whose names after it sort after ``after``: ListObjectsV2 with
-    ``StartAfter``, a request a page. obstore has no delimiter with a start, so keys below sub-directories
-    come too (the timeline's ``history/`` of a table Hudi archived: a page more), for the caller to leave
-    out."""
-    import obstore
-
-    with _as_os_errors():
-        return [
-            o for page in obstore.list(store, prefix, offset=prefix + after, chunk_size=PAGE) for o in page
-        ]
-
-
-def delete(store: S3Store, keys: list[str]) -> None:
-    """Delete ``keys``, a thousand a DeleteObjects request (obstore makes one even for a single key); a
-    missing key is no error."""
-    import obstore
-
-    with _as_os_errors():
-        obstore.delete(store, keys)
-
-
-@contextmanager
-def writer(store: S3Store, key: str) -> Iterator[IO[bytes]]:
-    import obstore
-
-    with _as_os_errors(), obstore.open_writer(store, key) as out:
-        yield cast(IO[bytes], _Upload(out))
 
 
 class _Upload:
