@@ -294,11 +294,11 @@ class ObstoreRequests:
 
     def read(self, path: str) -> bytes:
         with _as_os_errors():
-            return bytes(obstore().get(self.store, _key(path)).bytes())
+            return bytes(_obstore().get(self.store, _key(path)).bytes())
 
     def write(self, path: str, data: bytes) -> None:
         with _as_os_errors():
-            obstore().put(self.store, _key(path), data)
+            _obstore().put(self.store, _key(path), data)
 
     def create(self, path: str, data: bytes) -> bool:
         """Whether this PUT with ``If-None-Match: *`` created the key: False when it exists (S3's 412). Any
@@ -307,7 +307,7 @@ class ObstoreRequests:
 
         with _as_os_errors():
             try:
-                obstore().put(self.store, _key(path), data, mode="create")
+                _obstore().put(self.store, _key(path), data, mode="create")
             except AlreadyExistsError:
                 return False
         return True
@@ -315,7 +315,7 @@ class ObstoreRequests:
     def listed(self, directory: str) -> Listed:
         prefix = _key(f"{directory}/")
         with _as_os_errors():
-            return _inside(prefix, obstore().list_with_delimiter(self.store, prefix or None)["objects"])
+            return _inside(prefix, _obstore().list_with_delimiter(self.store, prefix or None)["objects"])
 
     def listed_after(self, directory: str, after: str) -> Listed:
         """ListObjectsV2 with ``StartAfter``, a request a page. obstore has no delimiter with a start, so keys
@@ -323,26 +323,26 @@ class ObstoreRequests:
         and are left out here."""
         prefix = _key(f"{directory}/")
         with _as_os_errors():
-            pages = obstore().list(self.store, prefix or None, offset=prefix + after, chunk_size=PAGE)
+            pages = _obstore().list(self.store, prefix or None, offset=prefix + after, chunk_size=PAGE)
             return _inside(prefix, [o for page in pages for o in page])
 
     def delete_all(self, paths: list[str]) -> None:
         """One DeleteObjects request a thousand keys (obstore makes one even of a single key)."""
         with _as_os_errors():
-            obstore().delete(self.store, [_key(path) for path in paths])
+            _obstore().delete(self.store, [_key(path) for path in paths])
 
     @contextmanager
     def output(self, path: str) -> Iterator[IO[bytes]]:
         """A file uploaded in parts once it outgrows a buffer, and not at all when the block raises: a
         parquet writer that failed leaves no object behind."""
-        with _as_os_errors(), obstore().open_writer(self.store, _key(path)) as out:
+        with _as_os_errors(), _obstore().open_writer(self.store, _key(path)) as out:
             yield cast(IO[bytes], _Upload(out))
 
 
 Requests = S3fsRequests | ObstoreRequests
 
 
-def obstore() -> Any:
+def _obstore() -> Any:
     import obstore  # loaded with the first S3 table's requests, as botocore is
 
     return obstore
