@@ -155,8 +155,9 @@ def object_store(fs: AbstractFileSystem, options: dict[str, Any], bucket: str) -
     the endpoint, region and credentials botocore resolves for s3fs (options, AWS environment, profile,
     role), temporary credentials asked for again as botocore refreshes them, path-style requests to an
     endpoint of the options or environment, virtual-hosted ones to AWS's. None — make every request with
-    s3fs — where ``options`` ask for what it does not do, where botocore finds no credentials (s3fs then
-    decides), or in a process forked from one that used obstore. Raises what botocore raises when it
+    s3fs — where ``options`` ask for what it does not do, for an AWS endpoint other than a region's
+    standard one, where botocore finds no credentials (s3fs then decides), or in a process forked from one
+    that used obstore. Raises what botocore raises when it
     resolves them."""
     global _runtime_in
     pid = os.getpid()
@@ -210,8 +211,11 @@ def _open_store(fs: AbstractFileSystem, options: dict[str, Any], bucket: str) ->
             },
         },
     }
-    if (urlparse(endpoint).hostname or "").endswith(".amazonaws.com"):
-        settings["virtual_hosted_style_request"] = True  # its endpoint follows from the region
+    host = urlparse(endpoint).hostname or ""
+    if host.endswith(".amazonaws.com"):
+        if host not in ("s3.amazonaws.com", f"s3.{settings['region']}.amazonaws.com"):
+            return None  # a FIPS or dual-stack endpoint, an access point: s3fs reaches them as asked
+        settings["virtual_hosted_style_request"] = True  # the region's endpoint, derived from it
     else:
         settings["endpoint"] = endpoint
     if options.get("anon"):

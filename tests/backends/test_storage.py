@@ -516,6 +516,22 @@ def test_s3_endpoint_and_credentials_come_from_the_aws_environment_alone(
     _the_contract_on(storage)
 
 
+def test_an_aws_endpoint_other_than_a_regions_standard_one_keeps_to_s3fs() -> None:
+    """A FIPS or dual-stack endpoint is reached as asked (s3fs); a region's own, virtual-hosted (obstore)."""
+    for endpoint, through_obstore in (
+        ("https://s3.eu-west-1.amazonaws.com", True),
+        ("https://s3-fips.eu-west-1.amazonaws.com", False),
+        ("https://s3.dualstack.eu-west-1.amazonaws.com", False),
+    ):
+        options = {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"},
+        }
+        storage = Storage.for_uri("s3://bucket/table", **options)
+        assert (s3.object_store(storage.fs, options, "bucket") is not None) == through_obstore
+
+
 def _write_from_a_fork(uri: str, options: dict[str, Any]) -> None:
     storage = Storage.for_uri(uri, **options)
     storage.write("child", storage.read("parent") + b" and child")
