@@ -41,8 +41,7 @@ _FILESYSTEMS: dict[tuple[int, str, tuple[tuple[str, str], ...]], AbstractFileSys
 
 
 def filesystem(options: dict[str, Any]) -> AbstractFileSystem:
-    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (os.getpid(), json.dumps(options, sort_keys=True, default=repr), environment)
+    key = _kept_by(options)
     fs = _FILESYSTEMS.get(key)
     if fs is None:
         if len(_FILESYSTEMS) >= _FILESYSTEMS_KEPT:
@@ -56,6 +55,12 @@ def filesystem(options: dict[str, Any]) -> AbstractFileSystem:
             fs.session = AioSession(**fs.kwargs)  # what s3fs would create, and:
             fs.session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_time)
     return fs
+
+
+def _kept_by(options: dict[str, Any]) -> tuple[int, str, tuple[tuple[str, str], ...]]:
+    """What a process keeps a client by: itself, the options and the AWS environment."""
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    return os.getpid(), json.dumps(options, sort_keys=True, default=repr), environment
 
 
 def _time(value: Any) -> datetime:
@@ -138,7 +143,7 @@ _ATTEMPTS = 5
 # refreshes them well before they expire.
 _ASK_AGAIN = timedelta(minutes=5)
 
-_STORES: dict[tuple[int, str, str, tuple[tuple[str, str], ...]], S3Store | None] = keep_mapping(
+_STORES: dict[tuple[str, int, str, tuple[tuple[str, str], ...]], S3Store | None] = keep_mapping(
     "cowrite.storage.s3._STORES",
     {},
     f"{_FILESYSTEMS_KEPT} stores, the oldest dropped",
@@ -151,20 +156,18 @@ _runtime_in: int | None = None
 
 
 def object_store(fs: AbstractFileSystem, options: dict[str, Any], bucket: str) -> S3Store | None:
-    """An obstore ``S3Store`` for ``bucket`` that reaches it as ``fs`` (opened with ``options``) does:
-    the endpoint, region and credentials botocore resolves for s3fs (options, AWS environment, profile,
-    role), temporary credentials asked for again as botocore refreshes them, path-style requests to an
-    endpoint of the options or environment, virtual-hosted ones to AWS's. None — make every request with
+    """An obstore ``S3Store`` for ``bucket`` that reaches it as ``fs`` (opened with ``options``) does: the
+    endpoint, region and credentials botocore resolves for s3fs (options, AWS environment, profile, role),
+    temporary credentials asked for again as botocore refreshes them, path-style requests to an endpoint
+    of the options or environment, virtual-hosted ones to a region's own. None — make every request with
     s3fs — where ``options`` ask for what it does not do, for an AWS endpoint other than a region's
     standard one, where botocore finds no credentials (s3fs then decides), or in a process forked from one
-    that used obstore. Raises what botocore raises when it
-    resolves them."""
+    that used obstore. Raises what botocore raises when it resolves them."""
     global _runtime_in
     pid = os.getpid()
     if (_runtime_in is not None and _runtime_in != pid) or not _honoured(options):
         return None
-    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (pid, bucket, json.dumps(options, sort_keys=True, default=repr), environment)
+    key = (bucket, *_kept_by(options))
     if key in _STORES:
         return _STORES[key]
     if len(_STORES) >= _FILESYSTEMS_KEPT:
