@@ -35,20 +35,10 @@ def index_keys(
 ) -> pa.Table:
     """(record key, partition, file id) of every record in the given base files, or of those whose key
     is ``among`` the given keys (the lookup costs less than two more columns for every key)."""
-    parts = []
-    for base in base_files:
-        keys = read_base_file(storage, base.path, [RECORD_KEY], recent).column(RECORD_KEY)
-        if among is not None:
-            keys = keys.filter(pc.is_in(keys, value_set=among))
-        parts.append(
-            pa.table(
-                {
-                    RECORD_KEY: keys,
-                    PARTITION_PATH: pa.repeat(pa.scalar(base.partition), len(keys)),
-                    FILE_ID: pa.repeat(pa.scalar(base.file_id), len(keys)),
-                }
-            )
-        )
+    parts = [
+        located(base, read_base_file(storage, base.path, [RECORD_KEY], recent).column(RECORD_KEY), among)
+        for base in base_files
+    ]
     if not parts:
         return pa.table(
             {
@@ -58,6 +48,19 @@ def index_keys(
             }
         )
     return pa.concat_tables(parts)
+
+
+def located(base: BaseFile, keys: pa.ChunkedArray, among: pa.Array | None = None) -> pa.Table:
+    """Index rows of the record keys ``keys`` of ``base`` (those ``among`` the given keys)."""
+    if among is not None:
+        keys = keys.filter(pc.is_in(keys, value_set=among))
+    return pa.table(
+        {
+            RECORD_KEY: keys,
+            PARTITION_PATH: pa.repeat(pa.scalar(base.partition), len(keys)),
+            FILE_ID: pa.repeat(pa.scalar(base.file_id), len(keys)),
+        }
+    )
 
 
 def tag_locations(incoming: pa.Table, index: pa.Table) -> pa.Table:

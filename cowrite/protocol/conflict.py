@@ -11,13 +11,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
+from itertools import chain
 
 from cowrite.errors import ConfigError
-from cowrite.format.commit_metadata import CommitMetadata
+from cowrite.format.commit_metadata import CommitMetadata, WriteStat
 from cowrite.format.fs_view import open_base_file
 from cowrite.format.instant import Instant
 from cowrite.format.table import Table
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
+from cowrite.storage.together import together
 
 # Operations that insert keys; upserts and insert_overwrites (CHECKED) must not duplicate one.
 INSERTING = frozenset({"insert", "bulk_insert", "upsert", "insert_overwrite"})
@@ -129,12 +132,13 @@ def _keys_written(table: Table, metadata: CommitMetadata, instant_time: str) -> 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    keys: set[tuple[str, str]] = set()
-    for stat in metadata.write_stats:
+    def written(stat: WriteStat) -> list[tuple[str, str]]:
         with open_base_file(table.storage, stat.path) as stream:
             columns = pq.read_table(stream, columns=["_hoodie_record_key", "_hoodie_commit_time"])
         mask = pc.equal(columns.column("_hoodie_commit_time"), instant_time)
-        keys.update(
+        return [
             (stat.partition_path, k) for k in columns.column("_hoodie_record_key").filter(mask).to_pylist()
-        )
-    return keys
+        ]
+
+    # the files read at once: on an object store, their round trips together
+    return set(chain(*together(table.storage, [partial(written, stat) for stat in metadata.write_stats])))

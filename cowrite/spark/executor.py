@@ -35,6 +35,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ from cowrite.format.table import Table
 from cowrite.process import keep_mapping
 from cowrite.protocol.heartbeat import Heartbeat, HeartbeatPolicy, abort_reason, heartbeat_age
 from cowrite.storage.backend import Storage
+from cowrite.storage.together import ahead
 
 POSITION = "__cowrite_position"
 BUCKET = "__cowrite_bucket"
@@ -144,13 +146,14 @@ def check_lease(storage: Storage, instant: str, policy: HeartbeatPolicy) -> None
     The driver (or, for the data source, the tasks themselves) renews the heartbeat; tasks judge it by
     its age on storage, as every other judge does.
     """
-    age = heartbeat_age(storage, instant)
+    age_of = ahead(storage, partial(heartbeat_age, storage, instant))  # one round trip with the reason's
+    reason = abort_reason(storage, instant)
+    age = age_of()
     if age is None or age > policy.tolerance:
         raise LeaseLostError(
             f"the heartbeat of instant {instant} is {'gone' if age is None else f'{age:.0f} s old'}; "
             "the writer lost its lease, its tasks stop writing"
         )
-    reason = abort_reason(storage, instant)
     if reason is not None:
         raise LeaseLostError(f"instant {instant} was aborted ({reason}); its tasks stop writing")
 

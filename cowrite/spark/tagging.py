@@ -5,20 +5,22 @@ files, skipping files whose footer key range misses its keys) and gives each row
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cowrite.engine.planning import FILE_ID, index_keys, tag_locations
+from cowrite.engine.planning import FILE_ID, index_keys, located, tag_locations
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.format.fs_view import BaseFile, open_base_file
 from cowrite.spark.dedup import Count, footer_key_range
 from cowrite.spark.executor import STAT, StorageSpec, carrying, from_ipc, rows_by, task_id, to_ipc
 from cowrite.storage.backend import Storage
+from cowrite.storage.together import together
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,10 @@ class TagRows:
 
     The index is the local engine's (``index_keys`` over the latest base files of the row's partition,
     then ``tag_locations``), built inside the task for the keys the task holds: a base file whose footer
-    key range misses the task's keys of its partition is skipped after reading its footer alone. Keys
-    are read one file at a time and only the matches are kept: memory stays at one file's keys. No
-    index row crosses a shuffle. The task's rows per (partition path, file group) are reported in
-    ``STAT`` rows (:class:`~.dedup.Count` as JSON): the driver plans from them.
+    key range misses the task's keys of its partition is skipped after reading its footer alone. The
+    task's files are read at once (on an object store, their round trips together) and only the
+    matches are kept. No index row crosses a shuffle. The task's rows per (partition path, file group)
+    are reported in ``STAT`` rows (:class:`~.dedup.Count` as JSON): the driver plans from them.
 
     ``by_key_only`` (deletes without partition columns): every partition's files are candidates, the
     key alone decides, as in the local engine. ``keep_new=False`` (deletes): rows whose key no file
@@ -90,30 +92,45 @@ class TagRows:
 
     def _tagged(self, storage: Storage, table: pa.Table) -> Iterator[pa.Table]:
         if self.by_key_only:
-            candidates = [f for files in self.files.values() for f in files]
-            index = self._matches(storage, candidates, table.column(RECORD_KEY))
+            candidates = tuple(f for files in self.files.values() for f in files)
+            [index] = self._matches(storage, [(candidates, table.column(RECORD_KEY))])
             incoming = table.drop_columns([PARTITION_PATH]).join(
                 index.select([RECORD_KEY, PARTITION_PATH]), keys=RECORD_KEY, join_type="inner"
             )
             yield tag_locations(incoming, index)
             return
-        for partition, rows in rows_by(table, PARTITION_PATH):
-            index = self._matches(storage, self.files.get(partition, ()), rows.column(RECORD_KEY))
+        partitions = list(rows_by(table, PARTITION_PATH))
+        looked_up = [
+            (self.files.get(partition, ()), rows.column(RECORD_KEY)) for partition, rows in partitions
+        ]
+        for (_, rows), index in zip(partitions, self._matches(storage, looked_up), strict=True):
             yield tag_locations(rows, index)
 
-    def _matches(self, storage: Storage, files: Iterable[BaseFile], keys: pa.ChunkedArray) -> pa.Table:
-        """Index rows of ``files`` whose key is among ``keys``."""
-        low, high = pc.min(keys).as_py(), pc.max(keys).as_py()
-        wanted = keys.combine_chunks()
-        found = [index_keys(storage, [])]
-        for base in files:
-            with open_base_file(storage, base.path) as stream:
-                bounds = footer_key_range(pq.ParquetFile(stream).metadata)
-            if bounds is not None and (bounds[1] < low or bounds[0] > high):
-                if self.pruned is not None:
-                    self.pruned.add(1)
-                continue
-            if self.read is not None:
-                self.read.add(1)
-            found.append(index_keys(storage, [base], among=wanted))
-        return pa.concat_tables(found)
+    def _matches(
+        self, storage: Storage, lookups: list[tuple[tuple[BaseFile, ...], pa.ChunkedArray]]
+    ) -> list[pa.Table]:
+        """For each of ``lookups`` (base files, keys), index rows of the files whose key is among the
+        keys; every file read at once."""
+        calls = []
+        for files, keys in lookups:
+            low, high, wanted = pc.min(keys).as_py(), pc.max(keys).as_py(), keys.combine_chunks()
+            calls += [partial(_matches_in, storage, base, low, high, wanted) for base in files]
+        found = iter(together(storage, calls))
+        indexes = [[index_keys(storage, []), *(next(found) for _ in files)] for files, _ in lookups]
+        read = sum(index is not None for tables in indexes for index in tables[1:])
+        if self.pruned is not None:
+            self.pruned.add(len(calls) - read)
+        if self.read is not None:
+            self.read.add(read)
+        return [pa.concat_tables([index for index in tables if index is not None]) for tables in indexes]
+
+
+def _matches_in(storage: Storage, base: BaseFile, low: str, high: str, wanted: pa.Array) -> pa.Table | None:
+    """Index rows of ``base`` whose key is among ``wanted``, from one open of the file: None, with its
+    footer read alone, when its key range misses ``low`` to ``high``."""
+    with open_base_file(storage, base.path) as stream:
+        parquet = pq.ParquetFile(stream)
+        bounds = footer_key_range(parquet.metadata)
+        if bounds is not None and (bounds[1] < low or bounds[0] > high):
+            return None
+        return located(base, parquet.read(columns=[RECORD_KEY]).column(RECORD_KEY), wanted)

@@ -442,9 +442,8 @@ class MemoryStorage(Storage):
 class S3Storage(Storage):
     """S3 (and what speaks its API): a request per call, through obstore where the options allow and s3fs
     otherwise (:func:`.s3.requests_for`), which opens it and makes the rare requests not below. Left out
-    are requests s3fs would add: a size lookup before a whole read (timeline files are small), a bucket
-    lookup before a write (no directories to make), a listing of the parent after an empty one (an
-    insert's new partition would cost a listing of every partition)."""
+    are requests s3fs would add: a size lookup before a read (a file opened asks for its end, which tells
+    the size), a bucket lookup before a write, a listing of the parent after an empty one."""
 
     clock_resolution = 1.0  # S3 gives modification times in whole seconds, cut down
     lists_tails = True
@@ -475,10 +474,8 @@ class S3Storage(Storage):
 
     def delete_all(self, paths: Collection[str]) -> None:
         """A DeleteObjects request a thousand keys (a key S3 refused stays for a later collection)."""
-        if len(paths) < 2:
-            for path in paths:
-                self.delete(path)
-            return
+        if len(paths) < 2:  # a single DELETE
+            return self.delete(next(iter(paths))) if paths else None
         full = [self.full_path(path) for path in paths]
         self._call(next(iter(paths)), lambda: self._requests().delete_all(full))
 
@@ -490,6 +487,9 @@ class S3Storage(Storage):
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         return self._call(path, lambda: self._requests().create(self.full_path(path), data))
+
+    def open_input(self, path: str) -> IO[bytes]:
+        return self._call(path, lambda: self._requests().input(self.full_path(path)))
 
     @contextmanager
     def open_output(self, path: str) -> Iterator[IO[bytes]]:

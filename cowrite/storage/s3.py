@@ -2,10 +2,11 @@
 environment, reading the times of listed keys cheaply; ListObjectsV2 with ``StartAfter``, which s3fs's
 listings do not offer; the options that open the same bucket as the same principal in another process;
 and an obstore store that makes a table's requests with a fraction of s3fs's CPU, where the options let
-it reach the bucket exactly as s3fs would."""
+it reach the bucket exactly as s3fs would, and reads a file by ranges from its end, with no size lookup."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAGE = 1000  # keys per listing request (S3's maximum); tests lower it to see pages joined
+TAIL = 64 * 1024  # bytes an object opened for reading is asked for first: its end, where parquet's footer is
+READ_AHEAD = 16 * 1024**2  # bytes a read past what was fetched asks for at least, as s3fs's blocks do
 _FILESYSTEMS_KEPT = 32  # distinct S3 locations and credentials a process works with at once
 
 _FILESYSTEMS: dict[tuple[int, str, tuple[tuple[str, str], ...]], AbstractFileSystem] = keep_mapping(
@@ -288,6 +291,9 @@ class S3fsRequests:
         refused)."""
         self.fs.rm(paths)
 
+    def input(self, path: str) -> IO[bytes]:
+        return cast(IO[bytes], self.fs.open(path, "rb"))
+
     def output(self, path: str) -> AbstractContextManager[IO[bytes]]:
         return cast(AbstractContextManager[IO[bytes]], self.fs.open(path, "wb"))
 
@@ -338,6 +344,11 @@ class ObstoreRequests:
         with _as_os_errors():
             _obstore().delete(self.store, [_key(path) for path in paths])
 
+    def input(self, path: str) -> IO[bytes]:
+        """A file read by ranges (:class:`_Ranged`): opened with one request, which raises
+        ``FileNotFoundError`` for a missing key."""
+        return cast(IO[bytes], _Ranged(self.store, _key(path)))
+
     @contextmanager
     def output(self, path: str) -> Iterator[IO[bytes]]:
         """A file uploaded in parts once it outgrows a buffer, and not at all when the block raises: a
@@ -375,6 +386,61 @@ def _as_os_errors() -> Iterator[None]:
         yield
     except BaseError as exc:
         raise OSError(str(exc)) from exc
+
+
+class _Ranged(io.RawIOBase):
+    """An object read by ranged GETs. Opened with a request for its last :data:`TAIL` bytes, which tells
+    its size too: no size lookup before reading (s3fs makes one), a parquet footer at hand, and a small
+    object whole. A read beyond what was fetched asks for :data:`READ_AHEAD` bytes from where it starts at
+    least, as a reader of a file's columns reads on; the tail and the last range fetched are kept."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        super().__init__()
+        self._store, self._key, self._at = store, key, 0
+        from obstore.exceptions import BaseError
+
+        with _as_os_errors():
+            try:
+                tail = _obstore().get(store, key, options={"range": {"suffix": TAIL}})
+            except BaseError:  # (not a missing key: obstore raises FileNotFoundError for that)
+                tail = _obstore().get(store, key)  # an empty object has no range to give
+            self._size = int(tail.meta["size"])
+            self._tail = self._last = (tail.range[0], memoryview(tail.bytes()))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = max(0, offset + {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence])
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        out, done = memoryview(buffer).cast("B"), 0
+        wanted = max(0, min(len(out), self._size - self._at))
+        while done < wanted:
+            start, data = self._fetched(wanted - done)
+            piece = data[self._at - start : self._at - start + wanted - done]
+            out[done : done + len(piece)] = piece
+            done += len(piece)
+            self._at += len(piece)
+        return done
+
+    def _fetched(self, wanted: int) -> tuple[int, memoryview]:
+        """A range fetched that holds the byte at the position, fetched now if none does."""
+        for start, data in (self._last, self._tail):
+            if start <= self._at < start + len(data):
+                return start, data
+        start, end = self._at, min(self._size, self._at + max(wanted, READ_AHEAD))
+        with _as_os_errors():
+            fetched = _obstore().get_range(self._store, self._key, start=start, end=end)
+        self._last = (start, memoryview(fetched))
+        return self._last
 
 
 class _Upload:

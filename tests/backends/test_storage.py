@@ -16,6 +16,7 @@ from typing import Any
 
 import dateutil.parser
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from support.servers import S3Server
 
@@ -52,12 +53,18 @@ def test_read_and_stat_of_a_missing_file_raise_file_not_found(storage: Storage) 
 
 
 def test_a_base_file_deleted_before_it_is_read_is_named(storage: Storage) -> None:
-    """Deleted before the open, on every backend; on S3 also between the open and the first read (a local
-    or in-memory file stays readable once open)."""
+    """Deleted before the open, on every backend; on S3 also between the open and a read of what the open
+    did not fetch (a local or in-memory file stays readable once open, as does a small one on S3, which
+    came whole with the open)."""
     gone = "p/f.parquet was deleted before it was read"
     with pytest.raises(BaseFileGoneError, match=gone), open_base_file(storage, "p/f.parquet"):
         pass
     storage.write("p/f.parquet", b"x" * 100)
+    with open_base_file(storage, "p/f.parquet") as stream:
+        storage.delete("p/f.parquet")
+        assert stream.read() == b"x" * 100
+    large = b"x" * 2 * s3.TAIL
+    storage.write("p/f.parquet", large)
     read: list[bytes] = []
     if storage.uri.startswith("s3://"):
         with pytest.raises(BaseFileGoneError, match=gone), open_base_file(storage, "p/f.parquet") as stream:
@@ -68,7 +75,7 @@ def test_a_base_file_deleted_before_it_is_read_is_named(storage: Storage) -> Non
         with open_base_file(storage, "p/f.parquet") as stream:
             storage.delete("p/f.parquet")
             read.append(stream.read())
-        assert read == [b"x" * 100]
+        assert read == [large]
 
 
 def test_delete_removes_and_tolerates_a_missing_file(storage: Storage) -> None:
@@ -488,6 +495,18 @@ def _the_contract_on(storage: Storage) -> None:
     assert [f.path for f in storage.list("t")] == ["t/a", "t/b", "t/d"]
     assert [f.path for f in storage.list_after("t", "a")] == ["t/b", "t/d"]
     assert storage.read("t/d") == b"parquet's buffers"
+    data = bytes(range(256)) * 400  # more than an open asks for first (s3.TAIL)
+    storage.write("u/r", data)
+    storage.write("u/e", b"")
+    with storage.open_input("u/r") as stream:
+        stream.seek(-10, os.SEEK_END)
+        assert stream.read() == data[-10:]
+        stream.seek(5)
+        assert (stream.read(100), stream.read()) == (data[5:105], data[105:])
+    with storage.open_input("u/e") as stream:
+        assert stream.read() == b""
+    with pytest.raises(FileNotFoundError):
+        storage.open_input("u/missing")
     storage.delete_all(["t/a", "t/b"])
     storage.delete("t/d")
     assert [f.path for f in storage.list("t")] == []
@@ -504,6 +523,25 @@ def test_s3_requests_go_through_obstore_unless_the_options_ask_for_what_only_s3f
         storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **options)
         assert (s3.object_store(storage.fs, options, s3_server.bucket) is not None) == through_obstore
         _the_contract_on(storage)
+
+
+def test_a_file_opened_on_s3_is_read_from_its_end_without_a_size_lookup(s3_server: S3Server) -> None:
+    """A parquet reader starts at the footer, at the file's end: the open asks for the end, whose answer
+    tells the size too (s3fs asks for the size first); a small file comes whole with it, and the rest of
+    a larger one in one more request."""
+    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **s3_server.storage_options())
+    table = pa.table({"id": [f"key-{i:08d}" for i in range(20_000)], "n": list(range(20_000))})
+    sizes = {"small.parquet": 100, "large.parquet": table.num_rows}
+    for path, rows in sizes.items():
+        encoded = pa.BufferOutputStream()
+        pq.write_table(table.slice(0, rows), encoded, compression="none")
+        storage.write(path, encoded.getvalue().to_pybytes())
+    assert storage.stat("small.parquet").size < s3.TAIL < storage.stat("large.parquet").size
+    for path, requests in (("small.parquet", 1), ("large.parquet", 2)):
+        before = s3_server.requests()
+        with open_base_file(storage, path) as stream:
+            assert pq.ParquetFile(stream).read() == table.slice(0, sizes[path])
+        assert s3_server.requests() - before == {"GET": requests}, path
 
 
 def test_s3_endpoint_and_credentials_come_from_the_aws_environment_alone(

@@ -53,6 +53,7 @@ class _Serialised:
 
     LISTINGS = "/_listings"  # not valid bucket names, so no S3 request can mean them
     BUSY = "/_busy"
+    REQUESTS = "/_requests"
     CPU = "/_cpu"
     LOAD = "/_load"
 
@@ -61,6 +62,7 @@ class _Serialised:
         self._lock = threading.Lock()
         self.listings: Counter[str] = Counter()  # prefix -> ListObjectsV2 requests
         self.busy: Counter[str] = Counter()  # kind of request (_kind) -> seconds spent on them
+        self.requests: Counter[str] = Counter()  # kind of request (_kind) -> how many
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
@@ -68,6 +70,7 @@ class _Serialised:
             answers = {
                 self.LISTINGS: self.listings,
                 self.BUSY: self.busy,
+                self.REQUESTS: self.requests,
                 self.CPU: {"cpu": time.process_time()},
             }
             counts = answers.get(environ.get("PATH_INFO", ""))
@@ -89,7 +92,9 @@ class _Serialised:
                 if close is not None:
                     close()
                 took = time.monotonic() - started
-                self.busy[_kind(environ["REQUEST_METHOD"], query)] += took
+                kind = _kind(environ["REQUEST_METHOD"], query)
+                self.busy[kind] += took
+                self.requests[kind] += 1
                 if took > SLOW:  # every other request waited as long: say which one held them up
                     print(
                         f"S3 server: {environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}?"
@@ -190,6 +195,10 @@ class S3Server:
         ``LIST <directory under .hoodie/ or _delta_log/>`` or ``LIST data``. It answers one request at a
         time, so this is how much of its time each kind took."""
         return self._counts(_Serialised.BUSY)
+
+    def requests(self) -> Counter[str]:
+        """Requests answered so far, by kind (as :meth:`busy` names them)."""
+        return self._counts(_Serialised.REQUESTS)
 
     def cpu(self) -> float:
         """CPU seconds the server's process has used so far, all its threads: what it takes from the
