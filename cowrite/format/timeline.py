@@ -20,7 +20,11 @@ keeps from the last load those before it. The start point is the older of
 Below the start point only completed instants remain, and only archival removes those: a tail keeps them
 until the next full listing (every :data:`TAILS_BETWEEN_FULL` tails, and after a file a listing showed was
 found gone, :meth:`Timeline.forget`). A write that meets such an instant lists again in full
-(:meth:`~cowrite.format.fs_view.FileSystemView.build`); everything else loads in full.
+(:meth:`~cowrite.format.fs_view.FileSystemView.build`); everything else loads in full. A name the last load
+showed at or after the start point that the tail does not show was removed: by a rollback, or by archival,
+which removes the oldest instants first and so every one kept below the start point before it. What the
+tail keeps would then start the timeline before the active one, and the files of the instants archived
+after that start would count as a failed write's: the load lists in full instead.
 """
 
 from __future__ import annotations
@@ -160,12 +164,14 @@ class Timeline:
         """
         previous = _loads.get(storage)
         after = previous.start if tail and previous is not None and storage.lists_tails else None
-        if after is None or previous is None or previous.tails >= TAILS_BETWEEN_FULL:
-            names, tails = storage.watched_names(TIMELINE_DIR), 0
-        else:
+        names = None
+        if after is not None and previous is not None and previous.tails < TAILS_BETWEEN_FULL:
             kept = frozenset(name for name in previous.names if name < after)
-            names = kept | {info.name for info in storage.list_after(TIMELINE_DIR, after)}
-            tails = previous.tails + 1
+            listed = frozenset(info.name for info in storage.list_after(TIMELINE_DIR, after))
+            if previous.names - kept <= listed:  # else archival may have passed the start point (*Tails*)
+                names, tails = kept | listed, previous.tails + 1
+        if names is None:
+            names, tails = storage.watched_names(TIMELINE_DIR), 0
         if previous is not None and (previous.names is names or previous.names == names):
             if tails != previous.tails:
                 _loads[storage] = replace(previous, tails=tails)

@@ -25,6 +25,7 @@ from support.tables import new_table, rows
 
 from cowrite import process
 from cowrite.cleaner import archive, service_lock
+from cowrite.cleaner.clean import clean
 from cowrite.errors import StorageError, WriteConflictError
 from cowrite.format import config as keys
 from cowrite.format.commit_metadata import CommitMetadata
@@ -615,6 +616,39 @@ def test_a_writer_lists_only_the_tail_of_the_timeline_from_its_third_listing(
     } | {f"w{n}" for n in range(4)}
 
 
+def test_a_writer_whose_tail_start_archival_passed_lists_in_full_and_sees_the_archived_commits_files(
+    table: Table,
+) -> None:
+    """Archival removes the oldest instants first, at and above a writer's start point too: then what the
+    writer's tail keeps below that point (the table's first commit, archived as well) would start its
+    timeline before the active one, and the files of the commits archived above it would count as a failed
+    write's. A rival rewrote p0's file group and its commit was archived; the first version of the group
+    was cleaned. The writer sees names gone above its start point, lists in full, and its delete finds the
+    key in the rival's version of the group (it found no group at all, and committed a delete of nothing)."""
+    first = table.timeline().data_commits().first
+    assert first is not None
+    writer = LocalWriter(Table.load(table.uri, **table.storage.options))
+    for n in range(3):  # its third listing on is a tail, which starts after the first commit
+        writer.upsert(rows([f"w{n}"], part="elsewhere"))
+    rival = LocalWriter(Table.load(table.uri, **table.storage.options))
+    rewrote = rival.delete(rows(["a"]))
+    for n in range(3):
+        rival.upsert(rows([f"r{n}"], part="other"))
+    service = Table.load(table.uri, **table.storage.options)
+    assert clean(service, service_lock(service), commits_retained=1) is not None
+    archived = archive(service, service_lock(service), keep_min=2, keep_max=2)
+    assert rewrote is not None and archived is not None
+    assert {first.requested_time, rewrote.requested_time} <= set(archived.instants)
+
+    writer.delete(rows(["b"]))
+    expected = [{"id": n, "part": p, "ts": 1, "value": "v"} for n, p in
+                [("r0", "other"), ("r1", "other"), ("r2", "other"), ("w0", "elsewhere"), ("w1", "elsewhere"),
+                 ("w2", "elsewhere")]]  # fmt: skip
+    snapshot = as_rows(read.snapshot(table))
+    assert sorted(snapshot, key=lambda r: r["id"]) == expected
+    assert snapshot == hudi_rs.snapshot(table.uri, table.storage.options)
+
+
 def test_a_write_that_builds_on_a_commit_archived_since_its_tail_listing_lists_in_full_and_commits(
     table: Table,
 ) -> None:
@@ -629,7 +663,7 @@ def test_a_write_that_builds_on_a_commit_archived_since_its_tail_listing_lists_i
     for n in range(4):
         writer.upsert(rows([f"h{n}"], part="elsewhere"))
     service = Table.load(table.uri, **table.storage.options)
-    archived = archive(service, service_lock(service), keep_min=2, keep_max=2)
+    archived = archive(service, service_lock(service), keep_min=3, keep_max=3)  # below its start point
     assert archived is not None and built_on.requested_time in archived.instants
     kept = writer.table.timeline(tail=True)
     assert built_on in kept  # the tail does not show the archival
