@@ -759,6 +759,26 @@ def test_a_writer_stopped_while_claiming_owes_nothing_to_a_lock_it_left_behind(t
     assert checker.violations == []
 
 
+def test_a_writer_whose_stop_at_a_step_ended_within_the_margin_may_complete_it(table: Table) -> None:
+    """A writer meant to stop past its lease at a protocol step was continued within a millisecond (soak 71,
+    seed 888385, scenario 7: its heartbeat renewed 0.7 s later), and completed the instant. Its lease held:
+    the checker reports a completed instant only where the stop outlasted the lease's safety margin."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    written = LocalWriter(table).upsert(rows(["a"], ts=2, value="after"))
+    assert written is not None
+    step = {"worker": 0, "pid": 4242, "round": 1, "step": "mid-write", "instant": written.requested_time}
+    stopped = time.time()
+    for lasted, reported in ((0.0001, False), (POLICY.tolerance + 1, True)):
+        events = [
+            {**step, "event": "fault", "kind": "stop", "wall": stopped},
+            {**step, "event": "resumed", "wall": stopped + lasted},
+        ]
+        checker = Checker(replace(_outcome(table.uri, seeded.requested_time), events={0: events}))
+        checker._collect_events()
+        checker.check_leases(checker._collect_timeline())
+        assert any("stopped past its lease" in v.message for v in checker.violations) is reported
+
+
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
