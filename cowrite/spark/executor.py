@@ -146,7 +146,7 @@ def check_lease(storage: Storage, instant: str, policy: HeartbeatPolicy) -> None
     The driver (or, for the data source, the tasks themselves) renews the heartbeat; tasks judge it by
     its age on storage, as every other judge does.
     """
-    age_of = ahead(storage, partial(heartbeat_age, storage, instant))  # one round trip with the reason's
+    age_of = ahead(storage, partial(heartbeat_age, storage, instant))  # asked beside the abort reason
     reason = abort_reason(storage, instant)
     age = age_of()
     if age is None or age > policy.tolerance:

@@ -100,10 +100,8 @@ class TagRows:
             yield tag_locations(incoming, index)
             return
         partitions = list(rows_by(table, PARTITION_PATH))
-        looked_up = [
-            (self.files.get(partition, ()), rows.column(RECORD_KEY)) for partition, rows in partitions
-        ]
-        for (_, rows), index in zip(partitions, self._matches(storage, looked_up), strict=True):
+        lookups = [(self.files.get(partition, ()), rows.column(RECORD_KEY)) for partition, rows in partitions]
+        for (_, rows), index in zip(partitions, self._matches(storage, lookups), strict=True):
             yield tag_locations(rows, index)
 
     def _matches(
@@ -115,14 +113,18 @@ class TagRows:
         for files, keys in lookups:
             low, high, wanted = pc.min(keys).as_py(), pc.max(keys).as_py(), keys.combine_chunks()
             calls += [partial(_matches_in, storage, base, low, high, wanted) for base in files]
-        found = iter(together(storage, calls))
-        indexes = [[index_keys(storage, []), *(next(found) for _ in files)] for files, _ in lookups]
-        read = sum(index is not None for tables in indexes for index in tables[1:])
+        found = together(storage, calls)
+        read = sum(index is not None for index in found)
         if self.pruned is not None:
-            self.pruned.add(len(calls) - read)
+            self.pruned.add(len(found) - read)
         if self.read is not None:
             self.read.add(read)
-        return [pa.concat_tables([index for index in tables if index is not None]) for tables in indexes]
+        indexes, at = [], 0
+        for files, _ in lookups:
+            mine = [index for index in found[at : at + len(files)] if index is not None]
+            indexes.append(pa.concat_tables([index_keys(storage, []), *mine]))
+            at += len(files)
+        return indexes
 
 
 def _matches_in(storage: Storage, base: BaseFile, low: str, high: str, wanted: pa.Array) -> pa.Table | None:
