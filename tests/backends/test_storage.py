@@ -22,6 +22,7 @@ from support.servers import S3Server
 
 from cowrite.errors import BaseFileGoneError, StorageError
 from cowrite.format.fs_view import BaseFile, list_base_files, open_base_file
+from cowrite.format.markers import create_marker, delete_markers, marked_files
 from cowrite.format.table import Table
 from cowrite.local.writer import LocalWriter
 from cowrite.storage import s3
@@ -542,6 +543,21 @@ def test_a_file_opened_on_s3_is_read_from_its_end_without_a_size_lookup(s3_serve
         with open_base_file(storage, path) as stream:
             assert pq.ParquetFile(stream).read() == table.slice(0, sizes[path])
         assert s3_server.requests() - before == {"GET": requests}, path
+
+
+def test_an_instants_markers_go_in_one_request_after_their_listing(s3_server: S3Server) -> None:
+    """A Spark write leaves a marker for each base file, deleted once the instant completed: one listing
+    and one bulk delete, where one DELETE a marker, one after another, took 0.4 s of a 2 s insert."""
+    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **s3_server.storage_options())
+    instant = "20261201000000000"
+    for n in range(16):
+        create_marker(storage, instant, f"p{n % 8}/group-{n}_0-1-0_{instant}.parquet")
+    create_marker(storage, "20261201000000001", "p0/other_0-1-0_20261201000000001.parquet")
+    before = s3_server.requests()
+    delete_markers(storage, instant)
+    assert s3_server.requests() - before == {f"LIST .hoodie/.temp/{instant}/": 1, "POST": 1}
+    assert marked_files(storage, instant) == []
+    assert marked_files(storage, "20261201000000001") == ["p0/other_0-1-0_20261201000000001.parquet"]
 
 
 def test_s3_endpoint_and_credentials_come_from_the_aws_environment_alone(
