@@ -475,7 +475,7 @@ class S3Storage(Storage):
     def delete_all(self, paths: Collection[str]) -> None:
         """A DeleteObjects request a thousand keys (a key S3 refused stays for a later collection)."""
         if len(paths) < 2:  # a single DELETE
-            return self.delete(next(iter(paths))) if paths else None
+            return super().delete_all(paths)
         full = [self.full_path(path) for path in paths]
         self._call(next(iter(paths)), lambda: self._requests().delete_all(full))
 
