@@ -7,7 +7,7 @@ executors): it reads at most one base file, writes exactly one, and returns the 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,12 +117,14 @@ def write_file_group(
     compression: str = "snappy",
     task: int = 0,
     recent: RecentFiles | None = None,
+    before_write: Callable[[], object] | None = None,
 ) -> WriteStat:
     """Write ``work.new_path``: the base file's rows, changed by ``incoming`` and ``deleted_keys``.
 
     ``incoming`` holds the data columns plus ``_hoodie_record_key`` and ``_hoodie_partition_path``.
     When merging, an incoming row replaces the stored row of its key unless the stored row has a larger
-    ordering value; rows nobody touched are copied with their original meta columns.
+    ordering value; rows nobody touched are copied with their original meta columns. ``before_write`` is
+    called once the new file is encoded, right before it is written; what it raises stops the write.
     """
     name = work.new_path.rsplit("/", 1)[-1]
     existing = read_base_file(storage, work.base_path, recent=recent) if work.base_path else None
@@ -170,6 +172,8 @@ def write_file_group(
     dictionary = [c for c in result.column_names if c not in (COMMIT_SEQNO, RECORD_KEY)]
     pq.write_table(result, encoded, compression=compression, use_dictionary=dictionary)
     content = encoded.getvalue()
+    if before_write is not None:
+        before_write()
     with storage.open_output(work.new_path) as stream:
         stream.write(content)
     if recent is not None:

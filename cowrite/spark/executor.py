@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -146,16 +146,28 @@ def check_lease(storage: Storage, instant: str, policy: HeartbeatPolicy) -> None
     The driver (or, for the data source, the tasks themselves) renews the heartbeat; tasks judge it by
     its age on storage, as every other judge does.
     """
-    age_of = ahead(storage, partial(heartbeat_age, storage, instant))  # asked beside the abort reason
-    reason = abort_reason(storage, instant)
-    age = age_of()
-    if age is None or age > policy.tolerance:
-        raise LeaseLostError(
-            f"the heartbeat of instant {instant} is {'gone' if age is None else f'{age:.0f} s old'}; "
-            "the writer lost its lease, its tasks stop writing"
-        )
-    if reason is not None:
-        raise LeaseLostError(f"instant {instant} was aborted ({reason}); its tasks stop writing")
+    lease_asked(storage, instant, policy)()
+
+
+def lease_asked(storage: Storage, instant: str, policy: HeartbeatPolicy) -> Callable[[], None]:
+    """:func:`check_lease` in two halves: the heartbeat's age and the abort reason asked now (beside each
+    other and beside what the caller reads next, on an object store), judged by the function returned,
+    which raises :class:`LeaseLostError` as :func:`check_lease` does. A task calls it right before it
+    writes: the answers are then no older than they were when asked before its reads."""
+    age_of = ahead(storage, partial(heartbeat_age, storage, instant))
+    reason_of = ahead(storage, partial(abort_reason, storage, instant))
+
+    def judge() -> None:
+        age, reason = age_of(), reason_of()
+        if age is None or age > policy.tolerance:
+            raise LeaseLostError(
+                f"the heartbeat of instant {instant} is {'gone' if age is None else f'{age:.0f} s old'}; "
+                "the writer lost its lease, its tasks stop writing"
+            )
+        if reason is not None:
+            raise LeaseLostError(f"instant {instant} was aborted ({reason}); its tasks stop writing")
+
+    return judge
 
 
 def renew_lease(storage: Storage, instant: str, policy: HeartbeatPolicy, owner: str) -> None:

@@ -15,7 +15,7 @@ from cowrite.engine.file_group import FileGroupWrite, write_file_group
 from cowrite.engine.records import COMMIT_TIME, PARTITION_PATH, RECORD_KEY
 from cowrite.format.commit_metadata import WriteStat
 from cowrite.format.fs_view import open_base_file
-from cowrite.spark.executor import BUCKET, STAT, StorageSpec, TableSpec, check_lease, conform, stat_to_json
+from cowrite.spark.executor import BUCKET, STAT, StorageSpec, TableSpec, conform, lease_asked, stat_to_json
 from cowrite.spark.filters import Predicate, arrow_filter
 from cowrite.storage.backend import Storage
 
@@ -39,8 +39,9 @@ class WriteContext:
     delete: bool = False
 
     def write(self, storage: Storage, route: int, rows: pa.Table) -> WriteStat:
-        """Write the file group of ``route`` with ``rows`` (data, key and path columns)."""
-        check_lease(storage, self.instant, self.spec.heartbeat)
+        """Write the file group of ``route`` with ``rows`` (data, key and path columns), once the writer's
+        lease, asked beside the read of the base file, holds."""
+        lease_holds = lease_asked(storage, self.instant, self.spec.heartbeat)
         bucket = self.buckets[route]
         deleted_keys = None
         if self.delete:
@@ -57,6 +58,7 @@ class WriteContext:
             ordering=self.spec.ordering_fields,
             compression=self.spec.compression,
             task=bucket.task,
+            before_write=lease_holds,
         )
 
 

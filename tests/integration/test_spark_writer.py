@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -21,11 +22,12 @@ import pytest
 from click.testing import CliRunner
 from support import hudi_rs
 from support.hudi_rs import Row, rows
+from support.request_counts import ProxyProcess, sequential, what
 from support.servers import S3Server
 from support.tables import frame
 
 from cowrite.cli import cli
-from cowrite.engine.file_group import read_base_file
+from cowrite.engine.file_group import FileGroupWrite, read_base_file
 from cowrite.engine.planning import FILE_ID, SizingPolicy, assign_inserts, estimate_record_bytes
 from cowrite.engine.records import PARTITION_PATH, RECORD_KEY
 from cowrite.errors import LeaseLostError, SchemaError, StorageError, WriteConflictError
@@ -35,15 +37,16 @@ from cowrite.format.markers import MARKER_DIR
 from cowrite.format.table import Table
 from cowrite.local import read
 from cowrite.local.writer import LocalWriter
-from cowrite.protocol.heartbeat import abort_reason
+from cowrite.protocol.heartbeat import Heartbeat, abort_reason
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.spark import SparkJobError, SparkWriter, indexing, merging
 from cowrite.spark import engine as engine_module
 from cowrite.spark.batching import MAX_BYTES, MAX_RECORDS, UNCHECKED_BYTES, ArrowBatches
 from cowrite.spark.errors import translate
-from cowrite.spark.executor import BUCKET, POSITION, TASK
+from cowrite.spark.executor import BUCKET, POSITION, TASK, TableSpec, stamp
 from cowrite.spark.plan import route_keys, spark_hash
 from cowrite.spark.routing import AssignBuckets, AttachRoutes, Segments
+from cowrite.spark.writing import BucketWrite, WriteContext
 
 IN_PROCESS = {"hoodie.write.lock.provider": "in-process"}
 
@@ -700,6 +703,68 @@ def assert_aborted_without_a_trace(table: Table) -> None:
     assert abort_reason(table.storage, instant.requested_time) == "error"
     assert list_base_files(table) == [] and not table.storage.walk_files(MARKER_DIR)
     assert snapshot(table) == [] == hudi_rs.snapshot(table.uri)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_write_task_judges_its_writers_lease_before_it_writes(
+    where: str, tmp_path: Path, s3_server: S3Server
+) -> None:
+    """A task merging rows into a file group writes it while its writer's heartbeat is live; marked
+    aborted, or gone, the task raises and writes nothing."""
+    if where == "s3":
+        uri, options = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", s3_server.storage_options()
+        table = create(uri, options, partition_fields=["p"])
+    else:
+        table = create(str(tmp_path / "t"), partition_fields=["p"])
+    for lease, instant in (("live", "20261201000000001"), ("aborted", "20261201000000002"),
+                           ("gone", "20261201000000003")):  # fmt: skip
+        context, path, incoming = merge_task(table, instant)
+        heartbeat = Heartbeat(table.storage, instant, context.spec.heartbeat, "test")
+        heartbeat.renew()
+        if lease == "aborted":
+            heartbeat.mark_aborted("conflict")
+        elif lease == "gone":
+            heartbeat.stop(delete=True)
+        if lease == "live":
+            stat = context.write(table.storage, 0, incoming)
+            assert stat.path == path and stat.num_update_writes == 1
+            assert sorted(read_base_file(table.storage, path).column("v").to_pylist()) == ["x", "z"]
+            continue
+        with pytest.raises(LeaseLostError, match="aborted" if lease == "aborted" else "gone"):
+            context.write(table.storage, 0, incoming)
+        assert not table.storage.exists(path), lease
+
+
+def test_a_write_task_on_s3_asks_for_its_lease_beside_reading_the_base_file(s3_server: S3Server) -> None:
+    """On an object store the lease's two questions go with the base file's read: a task's file group
+    costs two round trips one after the other, those three requests at once, then the write."""
+    options = s3_server.storage_options()
+    table = create(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", options, partition_fields=["p"])
+    instant = "20261201000000001"
+    context, path, incoming = merge_task(table, instant)
+    Heartbeat(table.storage, instant, context.spec.heartbeat, "test").renew()
+    with ProxyProcess(s3_server.endpoint_url, delay=0.2) as proxy:
+        endpoint = {"endpoint_url": proxy.endpoint_url, "region_name": "us-east-1"}
+        storage = Table.load(table.uri, key="task", secret="secret", client_kwargs=endpoint).storage
+        proxy.reset()  # the table's properties, read on the driver
+        context.write(storage, 0, incoming)
+        made = [r for r in proxy.reset() if r.client == "task"]
+    asked = [("GET", ".heartbeat"), ("GET", "a"), ("HEAD", ".heartbeat"), ("PUT", "a")]
+    assert sorted(what(r) for r in made) == asked
+    assert sequential(made) == 2
+    assert sorted(read_base_file(table.storage, path).column("v").to_pylist()) == ["x", "z"]
+
+
+def merge_task(table: Table, instant: str) -> tuple[WriteContext, str, pa.Table]:
+    """A Spark write task of ``instant`` that upserts key 2 into the table's one file group, the file it
+    writes, and its rows; the table first gets two rows (keys 1 and 2, partition ``a``)."""
+    if not table.timeline().completed():
+        local_writer(table).insert(frame((1, "a", 1, "x"), (2, "a", 1, "y")))
+    [base] = FileSystemView.build(table).latest_base_files()
+    spec = TableSpec.of(table, table.config)
+    work = FileGroupWrite.create(base.partition, base.file_id, instant, "0-1-0", base, merge=True)
+    context = WriteContext(spec, instant, {0: BucketWrite(work, task=0)}, ("id", "p", "ts", "v"))
+    return context, work.new_path, stamp(frame((2, "a", 2, "z")), spec)
 
 
 def test_a_failed_executor_write_aborts_and_leaves_nothing_visible(spark: Any, tmp_path: Path) -> None:
