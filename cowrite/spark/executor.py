@@ -150,10 +150,10 @@ def check_lease(storage: Storage, instant: str, policy: HeartbeatPolicy) -> None
 
 
 def lease_asked(storage: Storage, instant: str, policy: HeartbeatPolicy) -> Callable[[], None]:
-    """:func:`check_lease` in two halves: the heartbeat's age and the abort reason asked now (beside each
-    other and beside what the caller reads next, on an object store), judged by the function returned,
-    which raises :class:`LeaseLostError` as :func:`check_lease` does. A task calls it right before it
-    writes: the answers are then no older than they were when asked before its reads."""
+    """:func:`check_lease` in two halves: the heartbeat's age and the abort reason are asked now (beside
+    each other and beside what the caller reads next, on an object store), and the function returned
+    judges the answers, raising :class:`LeaseLostError` as :func:`check_lease` does. A task asks before
+    its reads and judges right before it writes: the answers are as fresh as a check before the reads."""
     age_of = ahead(storage, partial(heartbeat_age, storage, instant))
     reason_of = ahead(storage, partial(abort_reason, storage, instant))
 
