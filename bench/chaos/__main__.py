@@ -2,7 +2,7 @@
 
 Exits 1 if any invariant was violated (the scenarios' directories are kept and named), 0 otherwise.
 ``--only I [I ...]`` replays single scenarios of the same seed. ``--soak --faults F`` runs seeds of the
-soak profile in parallel until F faults were injected (``soak.py``).
+soak profile (or of ``--profile``) in parallel until F faults were injected (``soak.py``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     if args.soak:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cowrite-soak-"))
-        return soak(args.faults, args.minutes, args.parallel, seed, args.scenarios or 10, workdir)
+        profile = args.profile or "soak"
+        return soak(args.faults, args.minutes, args.parallel, seed, args.scenarios or 10, workdir, profile)
     args.scenarios = args.scenarios or 5
     name = args.profile or ("long" if args.long else "quick")
     mode = name + (", unsafe window" if args.unsafe_window else "")

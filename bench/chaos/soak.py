@@ -1,12 +1,14 @@
-"""The soak: seeds of the soak profile run in parallel processes until enough faults were injected.
+"""The soak: seeds of one profile (``soak`` unless ``--profile`` names another) run in parallel processes
+until enough faults were injected.
 
-``python -m bench.chaos --soak --faults 10000 [--minutes M] [--parallel N]``. Each seed is a child process
-``python -m bench.chaos --profile soak --seed S --scenarios K --json F --workdir D``; ``--parallel`` of them
-run at once (default: the number of cores), so that writers, daemons and harnesses contend for the CPU as
-on a shared machine. A progress line is printed as each seed ends; no new seed starts once ``--faults``
-faults were injected or ``--minutes`` have passed. Then one table, by store (local disk, S3, S3 behind 20
-and 50 ms round trips), and every failing scenario: its violations, its kept directory and the command that
-replays it. A child that crashes or prints no report is itself a failure, shown with its last output.
+``python -m bench.chaos --soak --faults 10000 [--minutes M] [--parallel N] [--profile P]``. Each seed is a
+child process ``python -m bench.chaos --profile P --seed S --scenarios K --json F --workdir D``;
+``--parallel`` of them run at once (default: the number of cores), so that writers, daemons and harnesses
+contend for the CPU as on a shared machine. A progress line is printed as each seed ends; no new seed starts
+once ``--faults`` faults were injected or ``--minutes`` have passed. Then one table, by store (local disk, S3,
+S3 behind 20 and 50 ms round trips), and every failing scenario: its violations, its kept directory and the
+command that replays it. A child that crashes or prints no report is itself a failure, shown with its last
+output.
 
 SIGINT (Ctrl-C) or SIGTERM ends a soak early: no new seed starts, the running ones finish, and the table
 covers every finished seed. A second signal kills the running seeds (their scenarios count for nothing).
@@ -86,13 +88,20 @@ def table(by_store: dict[str, Stats], violations: dict[str, int], seconds: float
 
 
 def soak(
-    faults: int, minutes: float | None, parallel: int, first_seed: int, scenarios: int, workdir: Path
+    faults: int,
+    minutes: float | None,
+    parallel: int,
+    first_seed: int,
+    scenarios: int,
+    workdir: Path,
+    profile: str = "soak",
 ) -> int:
     """Run seeds ``first_seed``, ``first_seed + 1``, ... until ``faults`` were injected or time is up;
     print the table; return 1 if anything was violated (or a child failed), 0 otherwise."""
     workdir.mkdir(parents=True, exist_ok=True)
     print(
-        f"cowrite chaos soak: {faults} faults{f' or {minutes:g} min' if minutes else ''}, "
+        f"cowrite chaos soak of the {profile} profile: {faults} faults"
+        f"{f' or {minutes:g} min' if minutes else ''}, "
         f"{parallel} seeds at a time, {scenarios} scenarios each, {os.cpu_count()} cpus; kept in {workdir}",
         flush=True,
     )
@@ -122,7 +131,7 @@ def soak(
         signal.signal(signum, stop)
     while running or more():
         while len(running) < parallel and more():
-            running.append(_start(next_seed, scenarios, workdir))
+            running.append(_start(next_seed, scenarios, workdir, profile))
             next_seed += 1
         time.sleep(0.5)
         for child in [c for c in running if c.popen.poll() is not None]:
@@ -130,7 +139,7 @@ def soak(
             if child.popen.returncode == -signal.SIGKILL and signals > 1:
                 print(f"seed {child.seed}: killed", flush=True)
                 continue
-            seed_faults = _collect(child, scenarios, by_store, violations, failures)
+            seed_faults = _collect(child, scenarios, profile, by_store, violations, failures)
             injected += seed_faults
             print(
                 f"seed {child.seed}: {seed_faults} faults, exit {child.popen.returncode}, "
@@ -145,7 +154,7 @@ def soak(
     return 1 if failures else 0
 
 
-def _start(seed: int, scenarios: int, workdir: Path) -> Child:
+def _start(seed: int, scenarios: int, workdir: Path, profile: str) -> Child:
     directory = workdir / f"seed-{seed}"
     directory.mkdir(parents=True, exist_ok=True)
     report, log = directory / "report.json", directory / "output.log"
@@ -154,7 +163,7 @@ def _start(seed: int, scenarios: int, workdir: Path) -> Child:
         "-m",
         "bench.chaos",
         "--profile",
-        "soak",
+        profile,
         "--seed",
         str(seed),
         "--scenarios",
@@ -173,10 +182,15 @@ def _start(seed: int, scenarios: int, workdir: Path) -> Child:
 
 
 def _collect(
-    child: Child, scenarios: int, by_store: dict[str, Stats], violations: dict[str, int], failures: list[str]
+    child: Child,
+    scenarios: int,
+    profile: str,
+    by_store: dict[str, Stats],
+    violations: dict[str, int],
+    failures: list[str],
 ) -> int:
     """Add a finished seed's figures; note its failing scenarios. Returns its number of faults."""
-    replay = f"python -m bench.chaos --profile soak --seed {child.seed} --scenarios {scenarios}"
+    replay = f"python -m bench.chaos --profile {profile} --seed {child.seed} --scenarios {scenarios}"
     try:
         report = json.loads(child.report.read_text())
     except (OSError, ValueError):

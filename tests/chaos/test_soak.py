@@ -241,6 +241,24 @@ def test_a_soak_runs_seeds_in_parallel_and_prints_one_table(tmp_path: Path) -> N
     assert violations.split()[1:] == ["0", "0"]
     assert f"seeds {LOCAL_SEED}..{LOCAL_SEED + 1}" in done.stdout
     assert (tmp_path / f"seed-{LOCAL_SEED}" / "report.json").exists()
+    first = (tmp_path / f"seed-{LOCAL_SEED}" / "output.log").read_text().splitlines()[0]
+    assert first.startswith(f"cowrite chaos: seed {LOCAL_SEED}, 1 scenarios (soak)"), first
+
+
+def test_a_soak_runs_the_seeds_of_the_profile_it_is_given(tmp_path: Path) -> None:
+    """``--profile`` picks the profile of the seeds (``crowd`` soaks group commit), as without ``--soak``."""
+    command = ["--soak", "--profile", "quick", "--faults", "1", "--parallel", "1", "--scenarios", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", *command, "--seed", "1", "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("cowrite chaos soak of the quick profile: 1 faults,"), done.stdout
+    first = (tmp_path / "seed-1" / "output.log").read_text().splitlines()[0]
+    assert first.startswith("cowrite chaos: seed 1, 1 scenarios (quick)"), first
 
 
 # A process that notes the time every 5 ms: a gap in its notes is a time it did not run.
