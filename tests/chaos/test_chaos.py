@@ -779,6 +779,32 @@ def test_a_writer_whose_stop_at_a_step_ended_within_the_margin_may_complete_it(t
         assert any("stopped past its lease" in v.message for v in checker.violations) is reported
 
 
+def test_a_writer_stopped_past_its_lease_after_a_holder_published_its_commit_owes_it_nothing(
+    table: Table,
+) -> None:
+    """A writer that handed its commit over took a turn of the lock and was stopped there past its lease
+    (soak 76, seed 888418, scenario 2); a holder ahead had published its commit before the stop, so it
+    found it completed when it continued. The checker reports a stop past the lease only for an instant
+    first published after the stop began."""
+    seeded = LocalWriter(table).insert(rows(["a"]))
+    written = LocalWriter(table).upsert(rows(["a"], ts=2, value="after"))
+    assert written is not None
+    step = {"worker": 0, "pid": 4242, "round": 1, "step": "locked", "instant": written.requested_time}
+    stopped = time.time()
+    events = [
+        {**step, "event": "fault", "kind": "stop", "wall": stopped},
+        {**step, "event": "resumed", "wall": stopped + POLICY.tolerance + 1},
+    ]
+    for published, reported in ((stopped - 0.4, False), (stopped + POLICY.tolerance + 1.1, True)):
+        log = [{"event": "published", "instant": written.requested_time, "lock_id": None, "worker": 1,
+                "pid": 4343, "round": 0, "wall": published}]  # fmt: skip
+        outcome = replace(_outcome(table.uri, seeded.requested_time), events={0: events}, commit_log=log)
+        checker = Checker(outcome)
+        checker._collect_events()
+        checker.check_leases(checker._collect_timeline())
+        assert any("stopped past its lease" in v.message for v in checker.violations) is reported
+
+
 def test_an_instant_written_again_after_its_rollback_is_rolled_back_again(table: Table) -> None:
     """(The same window, after the lease check before ``.inflight``.) A completed rollback of the instant
     made every later cleaner skip it, so it stayed pending for good."""
