@@ -16,6 +16,7 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -547,8 +548,8 @@ class Checker:
         expiries = self._expired_locks()
         # when each instant was first published, by its writer or by the holder of a turn it queued behind
         published: dict[str, float] = {}
-        for entry in self.o.commit_log:
-            published[entry["instant"]] = min(entry["wall"], published.get(entry["instant"], entry["wall"]))
+        for entry in sorted(self.o.commit_log, key=itemgetter("wall")):
+            published.setdefault(entry["instant"], entry["wall"])
         for worker, events in self.o.events.items():
             for event in events:
                 # Stopped while claiming, a writer held no instant: the lease of the claim it made after it

@@ -94,7 +94,7 @@ def soak(
     first_seed: int,
     scenarios: int,
     workdir: Path,
-    profile: str = "soak",
+    profile: str,
 ) -> int:
     """Run seeds ``first_seed``, ``first_seed + 1``, ... until ``faults`` were injected or time is up;
     print the table; return 1 if anything was violated (or a child failed), 0 otherwise."""
