@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -65,8 +66,8 @@ def in_background(storage: Storage, call: Callable[[], object], what: str) -> Fu
     """Make the requests of ``call`` without waiting for them where each is a round trip, and return
     the future of whether it succeeded (a failure is logged as ``what`` failing); on local disk, make
     them now and return None. A process that exits finishes the work first (the pool's threads are joined
-    at exit, and :func:`cowrite.shutdown.exit_now` calls :func:`finish_background`); one that ends with
-    a bare ``os._exit`` or is killed leaves the work undone."""
+    at exit, after :func:`finish_background`, and :func:`cowrite.shutdown.exit_now` calls it too); one
+    that ends with a bare ``os._exit`` or is killed leaves the work undone."""
     if not storage.round_trips:
         call()
         return None
@@ -106,6 +107,11 @@ def _anew_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_anew_after_fork)
+# At exit, the work in the background is waited for before the interpreter stops every thread pool
+# (``concurrent.futures``' own hook, registered at its import, before this one: the hooks run newest
+# first). After that, a request that needs a pool of a library's (aiobotocore opens its first
+# connection through one) fails, and a lock's release or its served places would be left undone.
+threading._register_atexit(finish_background)  # type: ignore[attr-defined]  # concurrent.futures' hook
 keep(
     f"{__name__}._pool",
     "8 threads, started on first use",

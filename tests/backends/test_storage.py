@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -584,6 +587,35 @@ def test_an_aws_endpoint_other_than_a_regions_standard_one_keeps_to_s3fs() -> No
         }
         storage = Storage.for_uri("s3://bucket/table", **options)
         assert (s3.object_store(storage.fs, options, "bucket") is not None) == through_obstore
+
+
+_BACKGROUND_AT_EXIT = """
+import json, sys
+from cowrite.storage.backend import Storage
+from cowrite.storage.together import in_background
+
+storage = Storage.for_uri(sys.argv[1], **json.loads(sys.argv[2]))
+for n in range(4):
+    in_background(storage, lambda n=n: storage.write(f"late/{n}", b"late"), f"writing {n}")
+"""
+
+
+def test_requests_left_in_the_background_are_made_before_a_process_exits(s3_server: S3Server) -> None:
+    """A lock's release on an object store is made in the background, and a program that ends right
+    after its commit must not leave it undone. Here the requests are the s3fs client's first: it opens
+    its connections through the interpreter's thread pools, which refuse work once its teardown began."""
+    uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+    options = s3_server.storage_options() | {"config_kwargs": {"user_agent_extra": "cowrite-tests"}}
+    done = subprocess.run(
+        [sys.executable, "-c", _BACKGROUND_AT_EXIT, uri, json.dumps(options)],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    late = Storage.for_uri(uri, **options).list("late")
+    assert sorted(f.path for f in late) == [f"late/{n}" for n in range(4)]
 
 
 def _write_from_a_fork(uri: str, options: dict[str, Any]) -> None:
