@@ -605,6 +605,7 @@ def test_requests_left_in_the_background_are_made_before_a_process_exits(s3_serv
     after its commit must not leave it undone. Here the requests are the s3fs client's first: it opens
     its connections through the interpreter's thread pools, which refuse work once its teardown began."""
     uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+    # an option only s3fs honours: every request goes through s3fs (the test above)
     options = s3_server.storage_options() | {"config_kwargs": {"user_agent_extra": "cowrite-tests"}}
     done = subprocess.run(
         [sys.executable, "-c", _BACKGROUND_AT_EXIT, uri, json.dumps(options)],
