@@ -17,6 +17,10 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
 - ``apart``: the disjoint workload with a table of its own per writer, in the same bucket: no lock, no
   rival's commit to check, so its commits/s is the ceiling of any commit protocol for ``disjoint`` on
   this server and these cores;
+- ``sequencer`` and ``turns`` (``--ceilings``, at the largest writer count): not cowrite but the yardsticks
+  of :mod:`bench.ceilings`, the disjoint workload with only the requests every commit needs and completed
+  files created one after another, published by a thread that never hands the job on, or by the writers
+  taking turns: what the order of a commit's files allows on this server and these cores;
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table on the
   same server, behind the same proxy (conditional PUTs; a conflicting append is retried by delta-rs);
 - ``history`` (``--history``): the disjoint workload at the largest writer count on tables that already
@@ -53,6 +57,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.ceilings import YARDSTICKS
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
 from bench.lock_turns import Turns, lock_turns
 from bench.proxy import DelayingProxy, Request, sequential
@@ -246,7 +251,7 @@ class Summary:
 def run(
     engine: str, mode: str, writers: int, commits: int, uri: str, proxy: DelayingProxy, server: Any
 ) -> Summary:
-    target = cowrite_worker if engine == "cowrite" else delta_worker
+    target = {"cowrite": cowrite_worker, "delta-rs": delta_worker, **YARDSTICKS}[engine]
     before: list[Any] = []
 
     def start() -> None:  # the writers' start-up is not counted
@@ -254,7 +259,7 @@ def run(
         before.extend((server.busy(), server.cpu(), proxy.cpu()))
 
     collected = {
-        i: (r, w)
+        i: (r, w or Windows())  # the yardsticks time no lock
         for i, r, w in run_writers(
             target,
             writers,
@@ -422,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", default="", help="comma-separated archived histories, e.g. 100,10000")
     parser.add_argument("--active-history", default="", help="the same, all on the active timeline")
     parser.add_argument("--no-delta", action="store_true", help="skip delta-rs")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="+ the yardsticks of bench/ceilings.py at the largest writer count")
     parser.add_argument("--trace", action="store_true", help="print the requests of writer 0's last call")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.writers.split(",")]
@@ -454,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.workloads.split(","):
             for writers in counts:
                 measure("cowrite", mode, writers, f"{mode}-{writers}")
+        if args.ceilings:
+            for yardstick in YARDSTICKS:
+                measure(yardstick, "disjoint", max(counts), f"{yardstick}-{max(counts)}")
         if not args.no_delta:
             for writers in counts:
                 measure("delta-rs", "disjoint", writers, f"delta-{writers}")
@@ -485,6 +495,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {top} writers, each on a table of its own (the ceiling of any commit protocol here): "
                   f"{ceiling.rate:.2f} / {theirs.rate:.2f} = {ceiling.rate / theirs.rate:.2f}; "
                   f"sharing one table / each on its own: {ours.rate / ceiling.rate:.2f}")
+        for yardstick in YARDSTICKS:
+            if (bound := by_key.get((yardstick, "disjoint", top))) is not None and theirs.rate:
+                print(f"  {top} writers, the {yardstick} yardstick (bench/ceilings.py): {bound.rate:.2f} / "
+                      f"{theirs.rate:.2f} = {bound.rate / theirs.rate:.2f}; "
+                      f"cowrite / it: {ours.rate / bound.rate:.2f}")
         ratio_met = ours.rate >= TARGET_RATIO_TOP * theirs.rate
         checks = [
             (f"{top} writers >= {TARGET_RATIO_TOP:.0f}x delta-rs", ratio_met),

@@ -1,0 +1,183 @@
+"""Two yardsticks for ``bench/objectstore.py``: how many commits/s writers sharing one table could make on
+this server and these cores if a commit made only the requests that every commit of a Hudi table on an
+object store needs, with the completed files of all writers created one after another, each once the one
+before it exists, so that completion times grow in the order commits become visible (README, *How a write
+commits*).
+
+Neither is a commit protocol. Nothing is checked (no conflicts, no lease, no schema), no timeline is
+listed, nothing survives a crash, and the lock below is not one: a failed turn is never expired. What they
+keep is the order of a commit's files, each request through the same proxy, and a writer's own part: its
+requested instant, then its base file (parquet, as delta-rs writes it), then the handover of its commit, then
+asking until it shows. Each writer process makes its requests through obstore, as cowrite's do.
+
+- ``sequencer``: a thread of writer 0's process publishes every writer's commits and never hands the job
+  on: it lists the handed-over commits, reads them at once, creates their completed files one after
+  another and deletes what it served in the background, and lists again at once. A writer hands its commit
+  over in ``queue/`` and lists the timeline after its instant until the completed file shows.
+- ``turns``: the writers take turns instead. A writer that handed its commit over lists ``turns/``, the
+  lock's files: a released turn names the commits it published. Its own published: done. The newest turn
+  released: it creates the next one's ``.acquired`` and, if that create won, publishes every commit
+  handed over as the sequencer does, then creates ``<turn>.released.<names>``.
+
+Both ask after their commit at once and then every ``ASK_EVERY`` seconds: the eagerest asking tried, which
+``turns`` needs most, since a turn begins with a writer's ask (asking first after 0.1 s and then every 0.05
+made it about a fifth slower, and the sequencer no faster).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from bench.commit_throughput import WriterResult, batch, timed_writes
+
+ASK_EVERY = 0.02
+_COMMIT = os.urandom(1500)  # about a completed commit's size
+_IDLE = 1.0  # seconds the sequencer goes on after its process's own writes, for the others' commits
+
+
+def ceiling_worker(
+    yardstick: str,
+    uri: str,
+    endpoint: str,
+    index: int,
+    commits: int,
+    mode: str,
+    ready: Any,
+    go: Any,
+    results: Any,
+) -> None:
+    """Writer ``index`` of ``yardstick`` (``sequencer`` or ``turns``) at ``uri``, in the ``disjoint``
+    workload (``mode``), as ``bench.objectstore`` runs its workers."""
+    result = WriterResult()
+    try:
+        import obstore
+
+        store = _store(uri, endpoint, f"{yardstick}{index}")
+        batches = [batch(index, f"p{index}", b) for b in range(commits)]
+        ready.put(index)
+        go.wait()
+        published = _Published()
+        write = _Writer(obstore, store, index, yardstick, published)
+        sequencer = None
+        if yardstick == "sequencer" and index == 0:
+            sequencer = threading.Thread(target=_sequence, args=(obstore, store, published), daemon=True)
+            sequencer.start()
+        timed_writes(result, batches, write)
+        if sequencer is not None:
+            published.own_writes_ended = time.monotonic()
+            sequencer.join()
+    except BaseException:
+        result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
+        ready.put(index)
+    results.put((index, result, None))
+
+
+YARDSTICKS = {name: partial(ceiling_worker, name) for name in ("sequencer", "turns")}
+
+
+def _store(uri: str, endpoint: str, client: str) -> Any:
+    from obstore.store import S3Store
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    # The proxy charges a request to the access key that signed it; the test server takes any secret.
+    credentials = {"access_key_id": client, "secret_access_key": "bench", "token": None, "expires_at": None}
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        endpoint=endpoint,
+        region="us-east-1",
+        credential_provider=lambda: credentials,
+        client_options={"allow_http": True},
+    )
+
+
+class _Published:
+    """What a process's publisher knows: the last completion time it gave, the places it served."""
+
+    def __init__(self) -> None:
+        self.completion = 0
+        self.served: set[str] = set()
+        self.own_writes_ended: float | None = None
+        self.pool = ThreadPoolExecutor(16)
+
+    def publish(self, obstore: Any, store: Any, done: frozenset[str] = frozenset()) -> list[str]:
+        """Publish, in the order of the queue, every commit handed over that is not served yet nor among the
+        instants ``done`` (places served by another process may show until its delete arrives); their
+        instants."""
+        places = sorted(o["path"] for o in obstore.list_with_delimiter(store, "queue")["objects"])
+        places = [p for p in places if p not in self.served and p.rsplit("-", 1)[1] not in done]
+        bodies = list(self.pool.map(lambda p: bytes(obstore.get(store, p).bytes()), places))
+        instants = []
+        for place, body in zip(places, bodies, strict=True):
+            self.completion = max(self.completion + 1, int(time.time() * 1000))
+            instant = place.rsplit("-", 1)[1]
+            obstore.put(store, f"timeline/{instant}_{self.completion}.commit", body, mode="create")
+            instants.append(instant)
+        self.served.update(places)
+        if places:
+            self.pool.submit(obstore.delete, store, places)
+        return instants
+
+
+def _sequence(obstore: Any, store: Any, published: _Published) -> None:
+    idle_since = None
+    while True:
+        if published.publish(obstore, store):
+            idle_since = None
+        elif published.own_writes_ended is not None:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > _IDLE:
+                return
+
+
+class _Writer:
+    """One write call: the requested instant, the base file, the handover, then asking until published."""
+
+    def __init__(self, obstore: Any, store: Any, index: int, yardstick: str, published: _Published) -> None:
+        self.obstore, self.store, self.published = obstore, store, published
+        self.index, self.yardstick, self.count = index, yardstick, 0
+
+    def __call__(self, data: Any) -> None:
+        import pyarrow.parquet as pq
+
+        ob, store = self.obstore, self.store
+        self.count += 1
+        instant = f"{int(time.time() * 1000)}{self.index:02d}{self.count:03d}"
+        ob.put(store, f"timeline/{instant}.commit.requested", b"", mode="create")
+        out = io.BytesIO()
+        pq.write_table(data, out)
+        ob.put(store, f"p{self.index}/{instant}.parquet", out.getvalue())
+        ob.put(store, f"queue/{time.time():.6f}-{instant}", _COMMIT)
+        while not (self._shown(instant) if self.yardstick == "sequencer" else self._turn(instant)):
+            time.sleep(ASK_EVERY)
+
+    def _shown(self, instant: str) -> bool:
+        page = next(iter(self.obstore.list(self.store, "timeline", offset=f"timeline/{instant}")), [])
+        return any(o["path"].startswith(f"timeline/{instant}_") for o in page)
+
+    def _turn(self, instant: str) -> bool:
+        from obstore.exceptions import AlreadyExistsError
+
+        ob, store = self.obstore, self.store
+        names = [o["path"].removeprefix("turns/") for o in ob.list_with_delimiter(store, "turns")["objects"]]
+        released = [n for n in names if ".released" in n]
+        done = frozenset(i for n in released for i in n.split(".")[2:])
+        if instant in done:
+            return True
+        newest = max((int(n.split(".")[0]) for n in names), default=0)
+        if newest and not any(n.startswith(f"{newest}.released") for n in released):
+            return False
+        try:
+            ob.put(store, f"turns/{newest + 1}.acquired", b"", mode="create")
+        except AlreadyExistsError:
+            return False
+        instants = self.published.publish(ob, store, done)
+        ob.put(store, f"turns/{newest + 1}.released." + ".".join(instants or ["nothing"]), b"", mode="create")
+        return instant in instants
