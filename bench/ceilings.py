@@ -8,7 +8,8 @@ Neither is a commit protocol. Nothing is checked (no conflicts, no lease, no sch
 listed, nothing survives a crash, and the lock below is not one: a failed turn is never expired. What they
 keep is the order of a commit's files, each request through the same proxy, and a writer's own part: its
 requested instant, then its base file (parquet, as delta-rs writes it), then the handover of its commit, then
-asking until it shows. Each writer process makes its requests through obstore, as cowrite's do.
+asking until it shows. Each writer process makes its requests through obstore, as cowrite's do. (The
+server's time a commit counts their listings of ``queue/`` and ``turns/`` as ``LIST data``.)
 
 - ``sequencer``: a thread of writer 0's process publishes every writer's commits and never hands the job
   on: it lists the handed-over commits, reads them at once, creates their completed files one after
