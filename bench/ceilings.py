@@ -8,7 +8,7 @@ Neither is a commit protocol. Nothing is checked (no conflicts, no lease, no sch
 listed, nothing survives a crash, and the lock below is not one: a failed turn is never expired. What they
 keep is the order of a commit's files, each request through the same proxy, and a writer's own part: its
 requested instant, then its base file (parquet, as delta-rs writes it), then the handover of its commit, then
-asking until it shows. Each writer process makes its requests through obstore, as cowrite's do. (The
+asking until it shows. Each writer process makes its requests through cowrite's obstore client. (The
 server's time a commit counts their listings of ``queue/`` and ``turns/`` as ``LIST data``.)
 
 - ``sequencer``: a thread of writer 0's process publishes every writer's commits and never hands the job
@@ -54,8 +54,8 @@ def ceiling_worker(
     go: Any,
     results: Any,
 ) -> None:
-    """Writer ``index`` of ``yardstick`` (``sequencer`` or ``turns``) at ``uri``, in the ``disjoint``
-    workload (``mode``), as ``bench.objectstore`` runs its workers."""
+    """Writer ``index`` of ``yardstick`` (``sequencer`` or ``turns``) in the bucket of ``uri``, in the
+    ``disjoint`` workload (``mode``), as ``bench.objectstore`` runs its workers."""
     result = WriterResult()
     try:
         import obstore
@@ -84,19 +84,15 @@ YARDSTICKS = {name: partial(ceiling_worker, name) for name in ("sequencer", "tur
 
 
 def _store(uri: str, endpoint: str, client: str) -> Any:
-    from obstore.store import S3Store
+    """cowrite's own obstore client (:func:`cowrite.storage.s3.object_store`) for the bucket of ``uri``,
+    signed as ``client``: the yardstick has the bucket to itself, and keeps its keys at its root."""
+    from bench.objectstore import cowrite_options
+    from cowrite.storage.backend import Storage
+    from cowrite.storage.s3 import object_store
 
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    # The proxy charges a request to the access key that signed it; the test server takes any secret.
-    credentials = {"access_key_id": client, "secret_access_key": "bench", "token": None, "expires_at": None}
-    return S3Store(
-        bucket,
-        prefix=prefix,
-        endpoint=endpoint,
-        region="us-east-1",
-        credential_provider=lambda: credentials,
-        client_options={"allow_http": True},
-    )
+    options = cowrite_options(endpoint, client)
+    bucket = uri.removeprefix("s3://").partition("/")[0]
+    return object_store(Storage.for_uri(f"s3://{bucket}", **options).fs, options, bucket)
 
 
 class _Published:
