@@ -29,15 +29,16 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
   them on the active timeline, as on a table whose archival never ran (moto lists a prefix by walking
   the whole bucket, so at thousands of instants its listings, not the round trips, set the time).
 
-Per configuration it prints commits/s (commits over the wall time from the common start to the last
-writer's end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by
-kind; and the round trips a write call makes **one after another** (the longest chain of its requests in
-which each starts after the previous one was answered), in the whole call and inside the table lock's
-critical section (from the lock's acquisition to the end of its release). Then the S3 server's own time a
-commit by kind of request (it answers one request at a time, so this bounds commits/s however short the
-round trips); the CPU a commit took of the writers, the server and the proxy, which share the machine's
-cores, and the commits/s at which those cores would be busy all the time; where the lock's turns go at two
-writers or more (:mod:`bench.lock_turns`), the ratio to delta-rs and the targets of the object-storage
+Per configuration it prints commits/s (commits over the wall time from the common start to the last writer's
+end), p50/p99 latency of a write call, spurious aborts and conflicts; requests per commit by kind; and the
+round trips a write call makes **one after another** (the longest chain of its requests in which each starts
+after the previous one was answered), in the whole call and inside the table lock's critical section (from the
+lock's acquisition to the end of its release). Then the S3 server's own time a commit by kind of request (it
+answers one request at a time, so this bounds commits/s however short the round trips); the CPU a commit took
+of the writers, the server and the proxy, which share the machine's cores, and the commits/s at which those
+cores would be busy all the time; where the lock's turns go at two writers or more (:mod:`bench.lock_turns`),
+and where a write call's time goes, part by part, for commits published in their writer's own turn and for
+those handed over (:mod:`bench.commit_phases`); the ratio to delta-rs and the targets of the object-storage
 issue. A benchmark, not a test: it exits 0 unless a writer crashed.
 """
 
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ceilings import YARDSTICKS
+from bench.commit_phases import Phases, Seen, phases, watcher
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
 from bench.lock_turns import Turns, lock_turns
 from bench.proxy import DelayingProxy, Request, sequential
@@ -106,10 +108,12 @@ def delta_options(endpoint: str, client: str) -> dict[str, str]:
 
 @dataclass
 class Windows:
-    """When each write call ran and when the writer held the table lock (time.time())."""
+    """When each write call ran, when the writer held the table lock, and when its process saw the protocol's
+    steps (time.time())."""
 
     calls: list[tuple[float, float]] = field(default_factory=list)
     held: list[tuple[float, float]] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)  # the protocol's steps its process saw
 
 
 def time_lock_holds(held: list[tuple[float, float]]) -> None:
@@ -163,6 +167,7 @@ def cowrite_worker(
         from cowrite.errors import WriteConflictError
         from cowrite.format.table import Table
         from cowrite.local.writer import LocalWriter
+        from cowrite.steps import observe
 
         table = Table.load(writer_table(uri, mode, index), **cowrite_options(endpoint, f"cowrite{index}"))
         time_lock_holds(windows.held)
@@ -171,7 +176,8 @@ def cowrite_worker(
         batches = [batch(index, partition, b) for b in range(commits)]
         ready.put(index)
         go.wait()
-        timed_writes(result, batches, windowed(writer.upsert, windows), (WriteConflictError,))
+        with observe(watcher(windows.seen)):
+            timed_writes(result, batches, windowed(writer.upsert, windows), (WriteConflictError,))
     except BaseException:
         result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
         ready.put(index)
@@ -230,6 +236,7 @@ class Summary:
     server: Counter[str]  # seconds the S3 server spent on the run's requests, by kind
     cpu: dict[str, float]  # CPU seconds of the run: the writers' (over their calls), server's, proxy's
     turns: Turns  # the lock's turns, part by part
+    phases: Phases  # where the write calls' time went, part by part
 
     @property
     def rate(self) -> float:
@@ -292,7 +299,8 @@ def run(
     last_call = inside(first, collected[0][1].calls[-1]) if collected[0][1].calls else []
     cpu = {"writers": sum(part.cpu for part in parts)} | cpu
     return Summary(engine, mode, writers, merged, max(0.0, ended - started), counts, chains, last_call,
-                   locked, locked_requests, busy, cpu, lock_turns(requests))
+                   locked, locked_requests, busy, cpu, lock_turns(requests),
+                   phases([(w.calls, w.seen) for _, w in collected.values()]))
 
 
 # -- tables ----------------------------------------------------------------------------------------
@@ -480,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     for s in summaries:
         if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":  # apart: a lock per table
             print(f"  {s.mode} {s.writers}: {s.turns.describe()}")
+    print("\nwhere a write call's time goes, median ms (bench/commit_phases.py):")
+    for s in summaries:
+        if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":
+            for kind in s.phases.describe():
+                print(f"  {s.mode} {s.writers}, {kind}")
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
     if not args.no_delta and "disjoint" in args.workloads:
