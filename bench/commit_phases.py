@@ -15,7 +15,8 @@ A call whose commit another writer's turn published (:mod:`cowrite.protocol.grou
 - ``to be published``: from its files written to its completed file created by that holder (``grouped``,
   seen in the holder's process): asking for the lock, handing the commit over in a place of the lock's
   queue, and waiting for a holder that reads it;
-- ``to learn``: to its writer learning so (``published``), from a listing of the lock's files;
+- ``to learn``: to its writer learning so (``published``), from a listing of the lock's files (or from the
+  timeline, once it took the lock itself);
 - ``rest``: to the call's return.
 
 Calls that failed, or whose steps are missing, are left out.
@@ -24,23 +25,23 @@ Calls that failed, or whose steps are missing, are left out.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from cowrite.steps import Step
+from cowrite.steps import Observer, Step
 
 # (time.time(), step, instant, whether another writer's turn published it) of one process
-Seen = tuple[float, str, "str | None", bool]
+Seen = tuple[float, str, str | None, bool]
 
 OWN = ("begin", "write", "to the lock", "publish", "rest")
 HANDED = ("begin", "write", "to be published", "to learn", "rest")
 _WATCHED = {Step.REQUESTED, Step.WRITTEN, Step.LOCKED, Step.PUBLISHED, Step.GROUPED}
 
 
-def watcher(seen: list[Seen]) -> Any:
+def watcher(seen: list[Seen]) -> Observer:
     """An observer for :func:`cowrite.steps.observe` that notes, in ``seen``, the steps this module uses."""
-    import time
 
     def note(step: Step, instant: str | None, details: dict[str, Any]) -> None:
         if step in _WATCHED:
