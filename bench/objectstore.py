@@ -484,15 +484,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\nCPU a commit, ms (the writers over their calls, the S3 server and the proxy share the cores):")
     for s in summaries:
         print(f"  {s.engine} {s.mode} {s.writers}: {cpu_time(s)}")
+    # the runs of writers sharing one lock (apart: a lock per table)
+    shared = [s for s in summaries if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart"]
     print("\nthe lock's turns, from one holder's create to the next one's (bench/lock_turns.py):")
-    for s in summaries:
-        if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":  # apart: a lock per table
-            print(f"  {s.mode} {s.writers}: {s.turns.describe()}")
+    for s in shared:
+        print(f"  {s.mode} {s.writers}: {s.turns.describe()}")
     print("\nwhere a write call's time goes, median ms (bench/commit_phases.py):")
-    for s in summaries:
-        if s.engine == "cowrite" and s.writers > 1 and s.mode != "apart":
-            for kind in s.phases.describe():
-                print(f"  {s.mode} {s.writers}, {kind}")
+    for s in shared:
+        for kind in s.phases.describe():
+            print(f"  {s.mode} {s.writers}, {kind}")
 
     by_key = {(s.engine, s.mode, s.writers): s for s in summaries}
     if not args.no_delta and "disjoint" in args.workloads:
