@@ -290,7 +290,7 @@ def test_a_holder_whose_note_exists_is_told_its_turn_ended_with_that_note(storag
 
 @pytest.fixture
 def s3_storage(s3_server: S3Server) -> Storage:
-    uri = f"s3://{s3_server.bucket}/cowrite-test-{uuid.uuid4().hex}"
+    uri = s3_server.new_uri("cowrite-test")
     return Storage.for_uri(uri, **s3_server.storage_options())
 
 

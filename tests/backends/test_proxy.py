@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,7 +32,7 @@ def through(server: S3Server, proxy: DelayingProxy | ProxyProcess) -> dict[str, 
 
 def test_requests_arrive_intact_wait_their_round_trip_and_are_counted(s3_server: S3Server) -> None:
     with DelayingProxy(s3_server.endpoint_url, delay=DELAY) as proxy:
-        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        storage = Storage.for_uri(s3_server.new_uri(), **through(s3_server, proxy))
         payload = bytes(range(256)) * 300
         started = time.monotonic()
         storage.write("a/blob", payload)
@@ -58,7 +57,7 @@ def test_requests_arrive_intact_wait_their_round_trip_and_are_counted(s3_server:
 def test_the_cpu_the_proxy_and_the_server_take_from_the_cores_is_measured(s3_server: S3Server) -> None:
     # the benchmark reckons the machine's ceiling from these: each must grow with the requests it serves
     with DelayingProxy(s3_server.endpoint_url, delay=0.0) as proxy:
-        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        storage = Storage.for_uri(s3_server.new_uri(), **through(s3_server, proxy))
         storage.write("warm", b"x")
         proxy_before, server_before = proxy.cpu(), s3_server.cpu()
         for n in range(40):
@@ -74,7 +73,7 @@ def test_the_cpu_the_proxy_and_the_server_take_from_the_cores_is_measured(s3_ser
 def test_a_table_written_through_the_proxy_reads_back_with_hudi_rs(s3_server: S3Server) -> None:
     with DelayingProxy(s3_server.endpoint_url, delay=0.0) as proxy:
         options = through(s3_server, proxy)
-        uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+        uri = s3_server.new_uri()
         table = Table.create(
             uri, name="t", record_key_fields=["id"], partition_fields=["p"], storage_options=options
         )
@@ -88,7 +87,7 @@ def test_a_table_written_through_the_proxy_reads_back_with_hudi_rs(s3_server: S3
 
 def test_a_proxy_in_a_process_of_its_own_delays_traces_and_exits_with_its_parent(s3_server: S3Server) -> None:
     with ProxyProcess(s3_server.endpoint_url, delay=DELAY) as proxy:
-        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        storage = Storage.for_uri(s3_server.new_uri(), **through(s3_server, proxy))
         started = time.monotonic()
         storage.write("a/blob", b"x")
         assert time.monotonic() - started >= DELAY
@@ -104,7 +103,7 @@ def test_a_proxy_in_a_process_of_its_own_delays_traces_and_exits_with_its_parent
 def test_the_lock_turns_of_a_run_are_taken_apart_from_the_proxy_log(s3_server: S3Server) -> None:
     with DelayingProxy(s3_server.endpoint_url, delay=DELAY, trace=True) as proxy:
         options = through(s3_server, proxy)
-        uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+        uri = s3_server.new_uri()
         table = Table.create(uri, name="t", record_key_fields=["id"], storage_options=options)
         proxy.reset()
         writer = LocalWriter(table)
@@ -127,7 +126,7 @@ def test_a_turn_that_published_waiters_commits_is_taken_apart_too(s3_server: S3S
     proxy logs that name URL-quoted."""
     own, waiter = "20261129000000001_20261129000000003.commit", "20261129000000002_20261129000000004.commit"
     with DelayingProxy(s3_server.endpoint_url, delay=0.0, trace=True) as proxy:
-        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **through(s3_server, proxy))
+        storage = Storage.for_uri(s3_server.new_uri(), **through(s3_server, proxy))
         paths = [
             acquired_path(1),
             f"{TIMELINE_DIR}/{own}",

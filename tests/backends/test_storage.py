@@ -173,7 +173,7 @@ def s3_table(server: S3Server, **properties: Any) -> tuple[Table, str]:
 def test_storages_of_one_s3_location_share_one_client(s3_server: S3Server) -> None:
     """Each S3 filesystem holds a client (service model, connection pool): a reader or daemon that opens
     a table over and over must neither build one each time nor keep every one it built."""
-    uri, options = f"s3://{s3_server.bucket}/shared-{uuid.uuid4().hex}", s3_server.storage_options()
+    uri, options = s3_server.new_uri("shared"), s3_server.storage_options()
     assert Storage.for_uri(uri, **options).fs is Storage.for_uri(uri, **options).fs
     other = {**options, "key": "someone-else"}
     assert Storage.for_uri(uri, **other).fs is not Storage.for_uri(uri, **options).fs
@@ -213,7 +213,7 @@ def test_listed_keys_times_are_read_without_dateutil_and_agree_with_the_header(
     than dateutil's general parser (botocore's default, the bulk of its parsing of a listing); a HEAD's
     HTTP date still goes to botocore's parser, and both give the same time."""
     storage = Storage.for_uri(
-        f"s3://{s3_server.bucket}/times-{uuid.uuid4().hex}", **s3_server.storage_options()
+        s3_server.new_uri("times"), **s3_server.storage_options()
     )
     storage.write("dir/a", b"x")
     from_header = storage.stat("dir/a").modified
@@ -229,7 +229,7 @@ def test_listed_keys_times_are_read_without_dateutil_and_agree_with_the_header(
 def test_portable_options_carry_what_the_aws_environment_gave_to_a_process_without_it(
     s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    uri = f"s3://{s3_server.bucket}/portable-{uuid.uuid4().hex}"
+    uri = s3_server.new_uri("portable")
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     Storage.for_uri(uri).write("a.txt", b"from the driver")
@@ -524,7 +524,7 @@ def test_s3_requests_go_through_obstore_unless_the_options_ask_for_what_only_s3f
     honoured = s3_server.storage_options()
     only_s3fs = honoured | {"config_kwargs": {"user_agent_extra": "cowrite-tests"}}
     for options, through_obstore in ((honoured, True), (only_s3fs, False)):
-        storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **options)
+        storage = Storage.for_uri(s3_server.new_uri(), **options)
         assert (s3.object_store(storage.fs, options, s3_server.bucket) is not None) == through_obstore
         _the_contract_on(storage)
 
@@ -533,7 +533,7 @@ def test_a_file_opened_on_s3_is_read_from_its_end_without_a_size_lookup(s3_serve
     """A parquet reader starts at the footer, at the file's end: the open asks for the end, whose answer
     tells the size too (s3fs asks for the size first); a small file comes whole with it, and the rest of
     a larger one in one more request."""
-    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **s3_server.storage_options())
+    storage = Storage.for_uri(s3_server.new_uri(), **s3_server.storage_options())
     table = pa.table({"id": [f"key-{i:08d}" for i in range(20_000)], "n": list(range(20_000))})
     sizes = {"small.parquet": 100, "large.parquet": table.num_rows}
     for path, rows in sizes.items():
@@ -551,7 +551,7 @@ def test_a_file_opened_on_s3_is_read_from_its_end_without_a_size_lookup(s3_serve
 def test_an_instants_markers_go_in_one_request_after_their_listing(s3_server: S3Server) -> None:
     """A Spark write leaves a marker for each base file, deleted once the instant completed: one listing
     and one bulk delete, where one DELETE a marker, one after another, took 0.4 s of a 2 s insert."""
-    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", **s3_server.storage_options())
+    storage = Storage.for_uri(s3_server.new_uri(), **s3_server.storage_options())
     instant = "20261201000000000"
     for n in range(16):
         create_marker(storage, instant, f"p{n % 8}/group-{n}_0-1-0_{instant}.parquet")
@@ -568,7 +568,7 @@ def test_s3_endpoint_and_credentials_come_from_the_aws_environment_alone(
 ) -> None:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
-    storage = Storage.for_uri(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}")
+    storage = Storage.for_uri(s3_server.new_uri())
     assert s3.object_store(storage.fs, {}, s3_server.bucket) is not None
     _the_contract_on(storage)
 
@@ -604,7 +604,7 @@ def test_requests_left_in_the_background_are_made_before_a_process_exits(s3_serv
     """A lock's release on an object store is made in the background, and a program that ends right
     after its commit must not leave it undone. Here the requests are the s3fs client's first: it opens
     its connections through the interpreter's thread pools, which refuse work once its teardown began."""
-    uri = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+    uri = s3_server.new_uri()
     # an option only s3fs honours: every request goes through s3fs (the test above)
     options = s3_server.storage_options() | {"config_kwargs": {"user_agent_extra": "cowrite-tests"}}
     done = subprocess.run(
@@ -627,7 +627,7 @@ def _write_from_a_fork(uri: str, options: dict[str, Any]) -> None:
 def test_a_process_forked_after_s3_requests_makes_its_own_and_exits(s3_server: S3Server) -> None:
     """obstore's threads do not survive a fork, and a store used in a forked child would wait for them for
     ever: the child makes its requests through s3fs."""
-    uri, options = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", s3_server.storage_options()
+    uri, options = s3_server.new_uri(), s3_server.storage_options()
     storage = Storage.for_uri(uri, **options)
     storage.write("parent", b"parent")  # through obstore: its runtime runs in this process now
     child = multiprocessing.get_context("fork").Process(target=_write_from_a_fork, args=(uri, options))

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -156,7 +155,7 @@ def test_round_trip_on_local_disk(tmp_path: Path, inputs: Path) -> None:
 
 
 def test_round_trip_on_s3_with_aws_environment(s3_server: S3Server, inputs: Path) -> None:
-    _round_trip(f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}", inputs, env=s3_server.env())
+    _round_trip(s3_server.new_uri("cli"), inputs, env=s3_server.env())
 
 
 def test_a_command_without_spark_never_imports_pandas(tmp_path: Path, inputs: Path) -> None:
@@ -206,7 +205,7 @@ def test_a_write_on_s3_releases_the_lock_before_the_process_ends(s3_server: S3Se
     """On an object store the lock's release is made in the background, after the commit: the command
     ends only once it is answered, however slow the round trip, or the next writer would wait for the
     lock to expire."""
-    table = f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex}"
+    table = s3_server.new_uri("cli")
     with ProxyProcess(s3_server.endpoint_url, delay=0.2) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
         made = cowrite("init", table, "--record-key", "id", "--partition-field", "region", env=env)

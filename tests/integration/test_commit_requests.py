@@ -9,7 +9,6 @@ are read back with cowrite and hudi-rs after every scenario.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -81,7 +80,7 @@ def fresh_listings(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def table(s3_server: S3Server) -> Table:
     created = new_table(
-        f"s3://{s3_server.bucket}/commit-requests-{uuid.uuid4().hex}",
+        s3_server.new_uri("commit-requests"),
         properties=NO_RETRY,
         **s3_server.storage_options(),
     )

@@ -115,7 +115,7 @@ def local_target(tmp_path: Path) -> Target:
 
 def s3_target(server: S3Server) -> Target:
     return Target(
-        f"s3://{server.bucket}/concurrency-{uuid.uuid4().hex}",
+        server.new_uri("concurrency"),
         storage_options=server.storage_options(),
         env=server.env(),
         hudi_options={

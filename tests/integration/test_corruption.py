@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ def damaged(request: pytest.FixtureRequest, tmp_path: Path) -> Damaged:
     uri = str(tmp_path / "t")
     if backend == "s3":
         server: S3Server = request.getfixturevalue("s3_server")
-        uri, options, env = f"s3://{server.bucket}/{uuid.uuid4().hex}", server.storage_options(), server.env()
+        uri, options, env = server.new_uri(), server.storage_options(), server.env()
     table = Table.create(
         uri, name="t", record_key_fields=["id"], partition_fields=["p"], storage_options=options
     )

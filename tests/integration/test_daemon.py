@@ -114,7 +114,7 @@ def process_target(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: 
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     return Target(
-        f"s3://{server.bucket}/daemon-{uuid.uuid4().hex}",
+        server.new_uri("daemon"),
         server.storage_options(),
         server.env(),
         interval_ms=1000,
@@ -794,7 +794,7 @@ def test_polls_skipped_while_a_slow_first_poll_runs_are_counted_and_said_once(
     """On a slow object store a first poll outlasts several poll intervals: the polls skipped meanwhile are
     counted, and said in one line, not in a warning of the scheduler's per skip."""
     table = Table.create(
-        f"s3://{s3_server.bucket}/overrun-{uuid.uuid4().hex}",
+        s3_server.new_uri("overrun"),
         name="slow",
         record_key_fields=["id"],
         partition_fields=["part"],

@@ -9,7 +9,6 @@ deployed daemon does.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 
 import pytest
@@ -78,7 +77,7 @@ def served(
     until it has looked at everything once; its clock is ``clock``, which stands still unless moved."""
     clock = clock or Clock()
     table = Table.create(
-        f"s3://{s3_server.bucket}/requests-{uuid.uuid4().hex}",
+        s3_server.new_uri("requests"),
         name="t",
         record_key_fields=["id"],
         partition_fields=["part"],

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -100,7 +99,7 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
         return Cli(str(tmp_path / "orders"), {}, {}, inputs)
     server: S3Server = request.getfixturevalue("s3_server")
     return Cli(
-        f"s3://{server.bucket}/{uuid.uuid4().hex}/orders", server.env(), server.storage_options(), inputs
+        f"{server.new_uri()}/orders", server.env(), server.storage_options(), inputs
     )
 
 

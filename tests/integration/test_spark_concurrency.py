@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,7 @@ def test_ingestion_and_backfill_commit_concurrently_and_a_conflict_aborts_cleanl
     if where == "cluster-s3":
         server: S3Server = request.getfixturevalue("s3_server")
         cluster: SparkCluster = request.getfixturevalue("spark_cluster")
-        uri, master = f"s3://{server.bucket}/spark-{uuid.uuid4().hex}", cluster.master_url
+        uri, master = server.new_uri("spark"), cluster.master_url
         storage_options, aws = server.storage_options(), server.env()
     table = Table.create(
         uri, name="t", record_key_fields=["id"], partition_fields=["p"], ordering_fields=["ts"],

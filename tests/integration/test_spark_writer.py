@@ -480,8 +480,6 @@ def test_two_inserts_filling_one_small_file_group_at_once_conflict(
 # -- appends where the records are -----------------------------------------------------------------------
 def spark_jobs(spark: Any, action: Callable[[], Any]) -> int:
     """The Spark jobs ``action`` ran (counted by job group, as the benchmark counts them)."""
-    import uuid
-
     context = spark.sparkContext
     group = f"jobs-{uuid.uuid4().hex}"
     context.setJobGroup(group, group)
@@ -712,7 +710,7 @@ def test_a_write_task_judges_its_writers_lease_before_it_writes(
     """A task merging rows into a file group writes it while its writer's heartbeat is live; marked
     aborted, or gone, the task raises and writes nothing."""
     if where == "s3":
-        uri, options = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", s3_server.storage_options()
+        uri, options = s3_server.new_uri(), s3_server.storage_options()
         table = create(uri, options, partition_fields=["p"])
     else:
         table = create(str(tmp_path / "t"), partition_fields=["p"])
@@ -739,7 +737,7 @@ def test_a_write_task_on_s3_asks_for_its_lease_beside_reading_the_base_file(s3_s
     """On an object store the lease's two questions go with the base file's read: a task's file group
     costs two round trips one after the other, those three requests at once, then the write."""
     options = s3_server.storage_options()
-    table = create(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", options, partition_fields=["p"])
+    table = create(s3_server.new_uri(), options, partition_fields=["p"])
     instant = "20261201000000001"
     context, path, incoming = merge_task(table, instant)
     Heartbeat(table.storage, instant, context.spec.heartbeat, "test").renew()
@@ -891,13 +889,11 @@ def test_cli_write_with_the_spark_engine_matches_the_local_engine(spark: Any, tm
 
 # -- S3 ----------------------------------------------------------------------------------------------------
 def test_spark_writes_and_reads_a_table_on_s3(spark: Any, s3_server: S3Server, tmp_path: Path) -> None:
-    import uuid
-
     from cowrite.spark import register
     from cowrite.spark import snapshot as spark_snapshot
 
     options = s3_server.storage_options()
-    uri = f"s3://{s3_server.bucket}/spark-{uuid.uuid4().hex}"
+    uri = s3_server.new_uri("spark")
     table = create(uri, options, partition_fields=["p"], ordering_fields=["ts"])
     local_table = create(str(tmp_path / "local"), partition_fields=["p"], ordering_fields=["ts"])
     engine, local = SparkWriter(table, spark), local_writer(local_table)
@@ -922,8 +918,6 @@ def test_spark_writes_and_reads_a_table_on_s3(spark: Any, s3_server: S3Server, t
 def test_a_spark_insert_lists_only_the_partitions_it_touches(spark: Any, s3_server: S3Server) -> None:
     """Into a table of 1,000 partitions on S3, an insert touching 3 lists those 3 data directories to
     find small file groups, and no other."""
-    import uuid
-
     from cowrite.format.fs_view import BaseFile
 
     name = f"spark-{uuid.uuid4().hex}"

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +123,7 @@ def run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Run]:
         started = Run(str(tmp_path / "table"), tmp_path)
     else:
         server: S3Server = request.getfixturevalue("s3_server")
-        uri = f"s3://{server.bucket}/streaming-{uuid.uuid4().hex}"
+        uri = server.new_uri("streaming")
         started = Run(uri, tmp_path, server.storage_options(), server.env())
     started.source.mkdir()
     try:

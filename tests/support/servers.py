@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -212,6 +213,10 @@ class S3Server:
     def listed(self, prefix: str) -> Counter[str]:
         """ListObjectsV2 requests so far by the prefix they listed, of prefixes starting with ``prefix``."""
         return Counter({listed: n for listed, n in self._listings().items() if listed.startswith(prefix)})
+
+    def new_uri(self, name: str = "t") -> str:
+        """``s3://<bucket>/<name>-<random hex>``: a place in the bucket that no other test uses."""
+        return f"s3://{self.bucket}/{name}-{uuid.uuid4().hex}"
 
     def storage_options(self) -> dict[str, Any]:
         """Options for ``fsspec.filesystem("s3", ...)`` / ``Storage.for_uri``."""

@@ -10,7 +10,6 @@ on storage and are invisible to both readers.
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -330,5 +329,5 @@ def test_an_empty_table_reads_as_empty(tmp_path: Path) -> None:
 
 
 def test_hudi_rs_reads_a_table_on_s3(s3_server: S3Server) -> None:
-    uri = f"s3://{s3_server.bucket}/conformance-{uuid.uuid4().hex}"
+    uri = s3_server.new_uri("conformance")
     assert_conforms(partitioned(uri, s3_server.storage_options()))
