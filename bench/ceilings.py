@@ -74,6 +74,7 @@ def ceiling_worker(
         if sequencer is not None:
             published.own_writes_ended = time.monotonic()
             sequencer.join()
+        published.pool.shutdown()  # its last deletes of served places, before the process reports
     except BaseException:
         result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
         ready.put(index)
