@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from bench.bucket import cowrite_options
 from bench.commit_throughput import WriterResult, batch, timed_writes
 
 ASK_EVERY = 0.02
@@ -87,7 +88,6 @@ YARDSTICKS = {name: partial(ceiling_worker, name) for name in ("sequencer", "tur
 def _store(uri: str, endpoint: str, client: str) -> Any:
     """cowrite's own obstore client (:func:`cowrite.storage.s3.object_store`) for the bucket of ``uri``,
     signed as ``client``: the yardstick has the bucket to itself, and keeps its keys at its root."""
-    from bench.objectstore import cowrite_options
     from cowrite.storage.backend import Storage
     from cowrite.storage.s3 import object_store
 

@@ -51,13 +51,13 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.bucket import cowrite_options, delta_options, s3_server
 from bench.ceilings import YARDSTICKS
 from bench.commit_phases import Phases, Seen, phases, watcher
 from bench.commit_throughput import ROWS, WriterResult, batch, run_writers, timed_writes
@@ -65,42 +65,12 @@ from bench.lock_turns import Turns, lock_turns
 from bench.proxy import DelayingProxy, Request, sequential
 from cowrite.protocol.locks.lock_files import is_release
 
-BUCKET = "cowrite-bench"
-SECRET = "cowrite-bench-secret"
-REGION = "us-east-1"
-
 # The object-storage issue's targets at 20 ms per request, disjoint upserts
 TARGET_RATIO_TOP = 5.0  # x delta-rs commits/s at the largest writer count
 TARGET_RATIO_ONE = 2.0  # x delta-rs commits/s at 1 writer
 TARGET_P99_S = 2.0
 TARGET_REQUESTS = 15.0
 TARGET_FLAT = 1.1  # requests a commit "flat": at most a tenth more with more writers or a longer history
-
-
-@contextmanager
-def s3_server() -> Iterator[Any]:
-    """The tests' moto server (it serialises conditional PUTs, as S3 decides them atomically)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from support.servers import S3Server
-
-    with S3Server(bucket=BUCKET) as server:
-        yield server
-
-
-def cowrite_options(endpoint: str, client: str) -> dict[str, Any]:
-    """s3fs options that sign with ``client`` as the access key (moto accepts any)."""
-    client_kwargs = {"endpoint_url": endpoint, "region_name": REGION}
-    return {"key": client, "secret": SECRET, "client_kwargs": client_kwargs}
-
-
-def delta_options(endpoint: str, client: str) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": client,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_REGION": REGION,
-        "AWS_ALLOW_HTTP": "true",
-    }
 
 
 # -- workers ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 import boto3
 
-from bench.objectstore import BUCKET, REGION, SECRET, s3_server
+from bench.bucket import BUCKET, REGION, SECRET, s3_server
 
 CLIENTS = 8
 TIMELINE = "t/.hoodie/timeline/"

@@ -251,7 +251,7 @@ class ObjectStore:
 
     def __init__(self, delay: float) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from bench.objectstore import BUCKET, cowrite_options, s3_server
+        from bench.bucket import BUCKET, cowrite_options, s3_server
         from bench.proxy import DelayingProxy
 
         self._running = ExitStack()
