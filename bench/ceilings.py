@@ -1,14 +1,14 @@
-"""Two yardsticks for ``bench/objectstore.py``: how many commits/s writers sharing one table could make on
+"""Three yardsticks for ``bench/objectstore.py``: how many commits/s writers sharing one table could make on
 this server and these cores if a commit made only the requests that every commit of a Hudi table on an
 object store needs, with the completed files of all writers created one after another, each once the one
 before it exists, so that completion times grow in the order commits become visible (README, *How a write
 commits*).
 
-Neither is a commit protocol. Nothing is checked (no conflicts, no lease, no schema), no timeline is
+None is a commit protocol. Nothing is checked (no conflicts, no lease, no schema), no timeline is
 listed, nothing survives a crash, and the lock below is not one: a failed turn is never expired. What they
 keep is the order of a commit's files, each request through the same proxy, and a writer's own part: its
 requested instant, then its base file (parquet, as delta-rs writes it), then the handover of its commit, then
-asking until it shows. Each writer process makes its requests through cowrite's obstore client. (The
+learning that it shows. Each writer process makes its requests through cowrite's obstore client. (The
 server's time a commit counts their listings of ``queue/`` and ``turns/`` as ``LIST data``.)
 
 - ``sequencer``: a thread of writer 0's process publishes every writer's commits and never hands the job
@@ -19,16 +19,24 @@ server's time a commit counts their listings of ``queue/`` and ``turns/`` as ``L
   lock's files: a released turn names the commits it published. Its own published: done. The newest turn
   released: it creates the next one's ``.acquired`` and, if that create won, publishes every commit
   handed over as the sequencer does, then creates ``<turn>.released.<names>``.
+- ``channel``: the sequencer, reached not through the store but over a connection to it, as a writer
+  could reach the holder of a table's lock whose turn stands while commits come: a writer hands its commit
+  over in a message and is answered once its completed file exists. A handover is held ``HANDOVER``
+  seconds, a request's round trip; the publisher's address is the one object ``channel``, read once per
+  process. No place, no ask, no listing: the yardstick of a publisher that neither polls the store nor
+  is polled.
 
-Both ask after their commit at once and then every ``ASK_EVERY`` seconds: the eagerest asking tried, which
-``turns`` needs most, since a turn begins with a writer's ask (asking first after 0.1 s and then every 0.05
-made it about a fifth slower, and the sequencer no faster).
+The first two ask after their commit at once and then every ``ASK_EVERY`` seconds: the eagerest asking
+tried, which ``turns`` needs most, since a turn begins with a writer's ask (asking first after 0.1 s and then
+every 0.05 made it about a fifth slower, and the sequencer no faster).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import queue
+import socket
 import threading
 import time
 import traceback
@@ -40,6 +48,7 @@ from bench.bucket import cowrite_options
 from bench.commit_throughput import WriterResult, batch, timed_writes
 
 ASK_EVERY = 0.02
+HANDOVER = 0.02  # seconds ``channel`` holds a handover's round trip: as long as a request to the store
 _COMMIT = os.urandom(1500)  # about a completed commit's size
 _IDLE = 1.0  # seconds the sequencer goes on after its process's own writes, for the others' commits
 
@@ -63,14 +72,20 @@ def ceiling_worker(
 
         store = _store(uri, endpoint, f"{yardstick}{index}")
         batches = [batch(index, f"p{index}", b) for b in range(commits)]
-        ready.put(index)
-        go.wait()
         published = _Published()
         write = _Writer(obstore, store, index, yardstick, published)
+        inbox = _Inbox(obstore, store) if yardstick == "channel" and index == 0 else None
+        ready.put(index)
+        go.wait()
         sequencer = None
         if yardstick == "sequencer" and index == 0:
             sequencer = threading.Thread(target=_sequence, args=(obstore, store, published), daemon=True)
+        if inbox is not None:
+            sequencer = threading.Thread(target=inbox.serve, args=(obstore, store, published), daemon=True)
+        if sequencer is not None:
             sequencer.start()
+        if yardstick == "channel":
+            write.channel = _Channel(obstore, store)
         timed_writes(result, batches, write)
         if sequencer is not None:
             published.own_writes_ended = time.monotonic()
@@ -82,7 +97,7 @@ def ceiling_worker(
     results.put((index, result, None))
 
 
-YARDSTICKS = {name: partial(ceiling_worker, name) for name in ("sequencer", "turns")}
+YARDSTICKS = {name: partial(ceiling_worker, name) for name in ("sequencer", "turns", "channel")}
 
 
 def _store(uri: str, endpoint: str, client: str) -> Any:
@@ -141,6 +156,7 @@ class _Writer:
     def __init__(self, obstore: Any, store: Any, index: int, yardstick: str, published: _Published) -> None:
         self.obstore, self.store, self.published = obstore, store, published
         self.index, self.yardstick, self.count = index, yardstick, 0
+        self.channel: _Channel | None = None
 
     def __call__(self, data: Any) -> None:
         import pyarrow.parquet as pq
@@ -152,6 +168,9 @@ class _Writer:
         out = io.BytesIO()
         pq.write_table(data, out)
         ob.put(store, f"p{self.index}/{instant}.parquet", out.getvalue())
+        if self.channel is not None:
+            self.channel.hand_over(instant)
+            return
         ob.put(store, f"queue/{time.time():.6f}-{instant}", _COMMIT)
         while not (self._shown(instant) if self.yardstick == "sequencer" else self._turn(instant)):
             time.sleep(ASK_EVERY)
@@ -179,3 +198,56 @@ class _Writer:
         instants = self.published.publish(ob, store, done)
         ob.put(store, f"turns/{newest + 1}.released." + ".".join(instants or ["nothing"]), b"", mode="create")
         return instant in instants
+
+
+class _Inbox:
+    """``channel``'s publisher: commits handed over on connections to it, published in the order they came,
+    each answered once its completed file exists. Its address is the one object ``channel``."""
+
+    def __init__(self, obstore: Any, store: Any) -> None:
+        self.queue: queue.Queue[tuple[str, socket.socket]] = queue.Queue()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        host, port = self.server.getsockname()
+        obstore.put(store, "channel", f"{host}:{port}".encode())
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self.server.accept()
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        for line in conn.makefile("rb"):
+            self.queue.put((line.decode().strip(), conn))
+
+    def serve(self, obstore: Any, store: Any, published: _Published) -> None:
+        """Publish what comes until its process's own writes ended and nothing came for ``_IDLE`` s."""
+        last = time.monotonic()
+        while True:
+            try:
+                instant, conn = self.queue.get(timeout=ASK_EVERY)
+            except queue.Empty:
+                ended = published.own_writes_ended
+                if ended is not None and time.monotonic() - max(ended, last) > _IDLE:
+                    return
+                continue
+            published.completion = max(published.completion + 1, int(time.time() * 1000))
+            obstore.put(store, f"timeline/{instant}_{published.completion}.commit", _COMMIT, mode="create")
+            last = time.monotonic()
+            conn.sendall(b"published\n")
+
+
+class _Channel:
+    """A writer's connection to ``channel``'s publisher: a handover is one round trip, held as long as a
+    request to the store is (``HANDOVER``), answered once the commit is published."""
+
+    def __init__(self, obstore: Any, store: Any) -> None:
+        host, port = bytes(obstore.get(store, "channel").bytes()).decode().split(":")
+        self.conn = socket.create_connection((host, int(port)))
+        self.answers = self.conn.makefile("rb")
+
+    def hand_over(self, instant: str) -> None:
+        time.sleep(HANDOVER / 2)
+        self.conn.sendall(instant.encode() + b"\n")
+        self.answers.readline()
+        time.sleep(HANDOVER / 2)

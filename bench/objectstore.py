@@ -17,10 +17,11 @@ Workloads (those of ``bench/commit_throughput.py``, 100-row upserts):
 - ``apart``: the disjoint workload with a table of its own per writer, in the same bucket: no lock, no
   rival's commit to check, so its commits/s is the ceiling of any commit protocol for ``disjoint`` on
   this server and these cores;
-- ``sequencer`` and ``turns`` (``--ceilings``, at the largest writer count): not cowrite but the yardsticks
-  of :mod:`bench.ceilings`, the disjoint workload with only the requests every commit needs and completed
-  files created one after another, published by a thread that never hands the job on, or by the writers
-  taking turns: what the order of a commit's files allows on this server and these cores;
+- ``sequencer``, ``turns`` and ``channel`` (``--ceilings``, at the largest writer count): not cowrite but
+  the yardsticks of :mod:`bench.ceilings`, the disjoint workload with only the requests every commit needs
+  and completed files created one after another, published by a thread that never hands the job on, by the
+  writers taking turns, or by that thread reached over a connection rather than through the store: what the
+  order of a commit's files allows on this server and these cores;
 - ``delta-rs``: the disjoint workload as ``write_deltalake(mode="append")`` into one Delta table on the
   same server, behind the same proxy (conditional PUTs; a conflicting append is retried by delta-rs);
 - ``history`` (``--history``): the disjoint workload at the largest writer count on tables that already
