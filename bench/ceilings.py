@@ -77,19 +77,18 @@ def ceiling_worker(
         inbox = _Inbox(obstore, store) if yardstick == "channel" and index == 0 else None
         ready.put(index)
         go.wait()
-        sequencer = None
-        if yardstick == "sequencer" and index == 0:
-            sequencer = threading.Thread(target=_sequence, args=(obstore, store, published), daemon=True)
-        if inbox is not None:
-            sequencer = threading.Thread(target=inbox.serve, args=(obstore, store, published), daemon=True)
-        if sequencer is not None:
-            sequencer.start()
+        # writer 0's process publishes every writer's commits, but in ``turns``
+        serve = inbox.serve if inbox is not None else _sequence if yardstick == "sequencer" else None
+        publisher = None
+        if serve is not None and index == 0:
+            publisher = threading.Thread(target=serve, args=(obstore, store, published), daemon=True)
+            publisher.start()
         if yardstick == "channel":
             write.channel = _Channel(obstore, store)
         timed_writes(result, batches, write)
-        if sequencer is not None:
+        if publisher is not None:
             published.own_writes_ended = time.monotonic()
-            sequencer.join()
+            publisher.join()
         published.pool.shutdown()  # its last deletes of served places, before the process reports
     except BaseException:
         result.errors["crash: " + traceback.format_exc().strip().splitlines()[-1]] += 1
