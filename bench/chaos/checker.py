@@ -34,7 +34,8 @@ from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR
 from cowrite.local import read
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR
-from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock, read_holder, read_release
+from cowrite.protocol.locks.holders import current_lock
+from cowrite.protocol.locks.lock_files import LOCK_DIR, read_holder, read_release
 from cowrite.protocol.table_schema import ALTER_SCHEMA, latest_schema
 from cowrite.storage.backend import FileInfo, Storage
 

@@ -56,12 +56,12 @@ from cowrite.format.overlay import CommitEntry
 from cowrite.format.table import Table
 from cowrite.format.timeline import ARCHIVE_DIR, TIMELINE_DIR, instant_named
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, abort_reason
+from cowrite.protocol.locks.holders import holder_or_unknown
 from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
     LockFiles,
     files_listed,
     files_named,
-    holder_or_unknown,
     parse_lock_file,
     read_release,
 )

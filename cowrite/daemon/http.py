@@ -55,7 +55,7 @@ from cowrite.format.instant import check_time
 from cowrite.format.overlay import read_since
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.protocol.locks.lock_files import current_lock
+from cowrite.protocol.locks.holders import current_lock
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096

@@ -62,7 +62,8 @@ from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import TableLock
 from cowrite.protocol.locks.factory import FILESYSTEM, provider_name
-from cowrite.protocol.locks.lock_files import acquired_path, collect_garbage, expire_lock, judge_holder
+from cowrite.protocol.locks.holders import expire_lock, judge_holder
+from cowrite.protocol.locks.lock_files import acquired_path, collect_garbage
 from cowrite.protocol.table_schema import record_unseen_schema
 from cowrite.storage.backend import FileInfo
 

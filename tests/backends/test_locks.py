@@ -43,13 +43,12 @@ from cowrite.protocol.locks import (
 )
 from cowrite.protocol.locks.factory import zookeeper_hosts
 from cowrite.protocol.locks.filesystem import FileSystemLock
+from cowrite.protocol.locks.holders import current_lock, expire_stale_lock
 from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
     acquired_path,
     collect_garbage,
     collectable,
-    current_lock,
-    expire_stale_lock,
     note_path,
     queued_path,
     read_release,

@@ -44,7 +44,8 @@ from cowrite.local import read
 from cowrite.local.writer import HeldInput, LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, Heartbeat, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.locks.base import LockHolder
-from cowrite.protocol.locks.lock_files import acquired_path, expire_lock
+from cowrite.protocol.locks.holders import expire_lock
+from cowrite.protocol.locks.lock_files import acquired_path
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.steps import Step, observe
 from cowrite.storage.backend import Storage

@@ -40,7 +40,8 @@ from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat
 from cowrite.protocol.liveness import judge
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
-from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock, read_release
+from cowrite.protocol.locks.holders import current_lock
+from cowrite.protocol.locks.lock_files import LOCK_DIR, read_release
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
 

@@ -71,7 +71,8 @@ from cowrite.protocol.heartbeat import Heartbeat, heartbeat_path
 from cowrite.protocol.liveness import PendingInstant
 from cowrite.protocol.locks import LockHolder
 from cowrite.protocol.locks.filesystem import FileSystemLock
-from cowrite.protocol.locks.lock_files import LOCK_DIR, current_lock
+from cowrite.protocol.locks.holders import current_lock
+from cowrite.protocol.locks.lock_files import LOCK_DIR
 from cowrite.protocol.sketch import MARK
 from cowrite.protocol.table_schema import ALTER_SCHEMA, latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions

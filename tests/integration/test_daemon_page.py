@@ -39,7 +39,7 @@ from cowrite.daemon.config import TableEntry
 from cowrite.format import config as keys
 from cowrite.format.instant import from_millis
 from cowrite.protocol.heartbeat import heartbeat_path
-from cowrite.protocol.locks.lock_files import current_lock
+from cowrite.protocol.locks.holders import current_lock
 
 ARTIFACTS = TESTS / "artifacts"
 LOCK_WORKER = TESTS / "support" / "lock_worker.py"

@@ -32,6 +32,7 @@ from functools import partial
 from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder, RequestPublished, TableLock
+from cowrite.protocol.locks.holders import expire_lock, holder_or_unknown, staleness, timeout_error
 from cowrite.protocol.locks.lock_files import (
     FRESH_VIEW,
     LOCK_DIR,
@@ -43,15 +44,11 @@ from cowrite.protocol.locks.lock_files import (
     created_at,
     delete_in_order,
     describe_release,
-    expire_lock,
-    holder_or_unknown,
     is_release,
     queued_path,
     read_places,
     released_path,
     scan,
-    staleness,
-    timeout_error,
     write_release,
 )
 from cowrite.protocol.locks.releases import begin_note, end_turn, hold_seconds, last_turn, releasing, settle
