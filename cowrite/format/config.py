@@ -207,6 +207,20 @@ LEASE_SAFETY_MARGIN_MS = ConfigKey(
     int,
     "A writer publishes only if its lease has at least this much time left; -1 = half a heartbeat interval.",
 )
+LOCK_STANDING_MS = ConfigKey(
+    "cowrite.lock.standing.ms",
+    3000,
+    int,
+    "Filesystem lock on an object store: how long a writer's turn may stand once its commit is published, "
+    "publishing the commits other writers hand it over a connection; 0 = never.",
+)
+LOCK_STANDING_ADDRESS = ConfigKey(
+    "cowrite.lock.standing.address",
+    "127.0.0.1",
+    _str,
+    "Where a standing turn listens: an address of this host the table's other writers can reach "
+    "(127.0.0.1: writers on this host only; others go through the store).",
+)
 RETRIES_ON_CONFLICT = ConfigKey(
     "hoodie.write.num.retries.on.conflict.failures",
     0,

@@ -35,7 +35,7 @@ from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
 from cowrite.protocol.key_summary import INSERTED_KEYS, KeySummary
-from cowrite.protocol.sketch import Sketch, leaves_alone, noted_sketch
+from cowrite.protocol.sketch import Sketch, leaves_alone, noted_sketches
 from cowrite.protocol.table_schema import latest_schema
 from cowrite.protocol.transaction import Transaction, WriteOptions
 from cowrite.protocol.txn import committing_instant
@@ -198,7 +198,7 @@ class LocalWriter:
             if i.action is Action.COMMIT and i.requested_time not in listing.known
         ]
         storage = self.table.storage
-        sketches = {i: noted_sketch(storage, i) for i in unknown}
+        sketches = noted_sketches(storage, unknown)
         unnoted = [i for i, noted in sketches.items() if noted is None] if storage.round_trips else []
         try:
             sketches |= zip(unnoted, map(Sketch.of, self.table.commit_metadata_of(unnoted)), strict=True)

@@ -40,9 +40,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from cowrite.errors import CowriteError
+from cowrite.errors import CommitStateUnknownError, CowriteError
 from cowrite.format.commit_metadata import CommitMetadata
 from cowrite.format.instant import Action, Instant, InvalidInstantError, State
 from cowrite.format.table import Table
@@ -71,6 +71,7 @@ class Request:
     plans: bool  # whether pending clustering plans count as touching their file groups
     keys: bool  # whether it must not insert a record key a rival inserted (:mod:`.conflict`)
     payload: bytes  # its completed file
+    seen: str = ""  # the latest completion time on the timeline it began on: commits it began after
 
     def to_bytes(self) -> bytes:
         head = {
@@ -80,6 +81,7 @@ class Request:
             "until": self.until,
             "plans": self.plans,
             "keys": self.keys,
+            "seen": self.seen,
         }
         return json.dumps(head, sort_keys=True).encode() + b"\n" + self.payload
 
@@ -96,7 +98,7 @@ class Request:
             plans, keys = bool(fields["plans"]), bool(fields["keys"])
         except (ValueError, KeyError, TypeError, InvalidInstantError):
             return None
-        return cls(instant, noted, until, plans, keys, payload)
+        return cls(instant, noted, until, plans, keys, payload, str(fields.get("seen", "")))
 
 
 def groupable(action: Action, conflict_strategy: ConflictStrategy) -> bool:
@@ -104,6 +106,24 @@ def groupable(action: Action, conflict_strategy: ConflictStrategy) -> bool:
     no application version: a data commit checked by file groups, which a holder checks as its writer
     would."""
     return action is Action.COMMIT and conflict_strategy is file_group_overlap
+
+
+@dataclass
+class Turn:
+    """What a writer's turn of the lock published: its holder's commit, then the waiters' in completion
+    order, and the places of the waiters served from the queue."""
+
+    published: list[tuple[Instant, CommitMetadata]]
+    served: list[int] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        return [sketch.note(done.file_name, metadata) for done, metadata in self.published]
+
+    def note(self, lock: TableLock) -> None:
+        """Note the turn (:meth:`~.locks.base.TableLock.note_published`), once every commit of it exists."""
+        notes = self.notes
+        lock.note_published(notes[0], notes[1:], self.served)
 
 
 def publish_waiting(
@@ -114,52 +134,67 @@ def publish_waiting(
     waiting: list[tuple[int, bytes]],
     clock: Callable[[], float],
     check: Callable[[], None],
-) -> None:
+) -> Turn | None:
     """Under the lock, once the holder's own completed file ``own`` exists on ``timeline`` (the timeline
-    as it is now, but for that file): publish what the requests ``waiting`` queued behind it allow, and
-    note the turn (:meth:`~.locks.base.TableLock.note_published`) unless a create failed midway (its
-    commit may exist): later holders then list the timeline. ``check`` raises
-    :class:`~cowrite.errors.LeaseLostError` unless the holder's lease is held with the safety margin to
-    spare: asked right before each create, as before the holder's own, it stops a holder paused
-    meanwhile from publishing after its lock may have expired."""
-    requests = [(place, r) for place, data in waiting if (r := Request.from_bytes(data)) is not None]
-    published, served = [own], []
-    for place, request in requests:
-        time_ = request.instant.requested_time
+    as it is now, but for that file): publish what the requests ``waiting`` queued behind it allow
+    (:func:`publish_one`), and return the turn to note; None when a create failed midway (its commit may
+    exist): the turn then ends unnoted, and later holders list the timeline."""
+    turn = Turn([own])
+    for place, data in waiting:
         try:
-            metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
-            why = _refusal(table, lock, timeline, request, metadata, published)
-        except CowriteError as exc:
-            why = str(exc)
-        if why is not None:
-            log.debug("leaving the commit of %s to its writer: %s", time_, why)
-            continue
-        try:
-            check()
-        except CowriteError as exc:
-            log.warning("publishing no more commits of waiters on %s: %s", table, exc)
-            break
-        if time.time() >= request.until - SLACK:
-            continue
-        completion = Table.completion_time(Timeline([published[-1][0]]), time_, int(clock() * 1000))
-        done = request.instant.transition(State.COMPLETED, completion)
-        lock.note_grouped(sketch.note(done.file_name, metadata))  # counts only once the release exists
-        # A create that fails midway may have acted: the turn then ends unnoted, and later holders list
-        # the timeline.
-        try:
-            created = table.storage.create_if_absent(table.instant_path(done), request.payload)
-        except CowriteError as exc:
-            log.warning("publishing %s for its writer failed midway: %s", done, exc)
-            return
+            why = publish_one(table, lock, timeline, turn, data, clock, check)
+        except CowriteError:
+            return None
+        if why is None:
+            turn.served.append(place)
+        else:
+            log.debug("leaving a commit queued behind the lock to its writer: %s", why)
+    return turn
+
+
+def publish_one(
+    table: Table,
+    lock: TableLock,
+    timeline: Timeline,
+    turn: Turn,
+    data: bytes,
+    clock: Callable[[], float],
+    check: Callable[[], None],
+) -> str | None:
+    """Publish the commit of the request ``data`` next in ``turn``, if the checks its writer would make
+    under the lock allow (:func:`_refusal`); None once it is published and added to ``turn``, else why
+    not. ``check`` raises :class:`~cowrite.errors.LeaseLostError` unless the holder's lease is held with
+    the safety margin to spare: asked right before the create, as before the holder's own, it stops a
+    holder paused meanwhile from publishing after its lock may have expired. Raises
+    :class:`~cowrite.errors.CowriteError` when the create failed midway: the commit may exist, and the
+    turn must end unnoted."""
+    request = Request.from_bytes(data)
+    if request is None:
+        return "it is not a request"
+    time_ = request.instant.requested_time
+    try:
+        metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
+        why = _refusal(table, lock, timeline, request, metadata, turn.published)
+        check()
+    except CowriteError as exc:
+        why = str(exc)
+    if why is not None or time.time() >= request.until - SLACK:
+        return why or "it lapses"
+    completion = Table.completion_time(Timeline([turn.published[-1][0]]), time_, int(clock() * 1000))
+    done = request.instant.transition(State.COMPLETED, completion)
+    lock.note_grouped(sketch.note(done.file_name, metadata))  # counts only once the release exists
+    try:
+        created = table.storage.create_if_absent(table.instant_path(done), request.payload)
         if not created:
-            return
-        table.published(done, request.payload)
-        published.append((done, metadata))
-        served.append(place)
-        reached(Step.GROUPED, time_, completion=completion, lock=lock)
-        log.info("published %s on %s for its writer", done, table)
-    notes = [sketch.note(done.file_name, metadata) for done, metadata in published]
-    lock.note_published(notes[0], notes[1:], served)
+            raise CommitStateUnknownError(f"{done} exists already on {table.uri}")
+    except CowriteError as exc:
+        log.warning("publishing %s for its writer failed midway: %s", done, exc)
+        raise
+    table.published(done, request.payload)
+    turn.published.append((done, metadata))
+    reached(Step.GROUPED, time_, completion=completion, lock=lock)
+    log.info("published %s on %s for its writer", done, table)
+    return None
 
 
 def _refusal(
@@ -184,6 +219,9 @@ def _refusal(
     if len(rivals) < len(between):
         return "a note names no completed instant"
     rivals += [(done, sketch.Sketch.of(m)) for done, m in published]
+    # a commit the waiter's timeline showed completed is one it began after, not a rival: a create shows
+    # to every listing once it returns, and those of turns follow one another in completion order
+    rivals = [(i, noted) for i, noted in rivals if (i.completion_time or "") > request.seen]
     if any(i.requested_time == time_ for i, _ in rivals):
         return "it committed already"
     mine = timeline.get(time_)

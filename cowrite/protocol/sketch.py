@@ -27,6 +27,7 @@ from cowrite.process import memo
 from cowrite.protocol.carried import TXNS_KEY, Carried, carried, digest, known
 from cowrite.protocol.conflict import INSERTING, ConflictStrategy, file_group_overlap, inserted_keys
 from cowrite.protocol.key_summary import Bloom
+from cowrite.protocol.locks.handover import ask_notes
 from cowrite.protocol.locks.lock_files import noted
 from cowrite.storage.backend import Storage
 
@@ -90,6 +91,16 @@ def noted_sketch(storage: Storage, commit: Instant) -> Sketch | None:
         return None
     name, sketch = parse(note)
     return sketch if name == commit.file_name else None
+
+
+def noted_sketches(storage: Storage, commits: Iterable[Instant]) -> dict[Instant, Sketch | None]:
+    """:func:`noted_sketch` of each of ``commits``; on an object store, those this process knows no note of
+    are asked of the standing turn of the lock it knows of, if any (:func:`~.locks.handover.ask_notes`)."""
+    sketches = {commit: noted_sketch(storage, commit) for commit in commits}
+    missing = [commit.requested_time for commit, sketch in sketches.items() if sketch is None]
+    if storage.round_trips and ask_notes(storage.uri, missing):
+        sketches = {commit: noted_sketch(storage, commit) for commit in sketches}
+    return sketches
 
 
 def carried_by(table: Table, commit: Instant) -> Carried:

@@ -47,7 +47,7 @@ from cowrite.format.fs_view import own_files
 from cowrite.format.instant import Action, Instant, State
 from cowrite.format.table import Table
 from cowrite.format.timeline import Timeline
-from cowrite.protocol import group, sketch
+from cowrite.protocol import group, sketch, standing
 from cowrite.protocol.checks import WriteChecks
 from cowrite.protocol.conflict import strategy_named
 from cowrite.protocol.drafts import Drafts
@@ -94,7 +94,7 @@ class Transaction(WriteChecks):
         self.turns = Turns(table, self.lock)
         self._publishing = False  # the completed file's creation has begun (under the lock)
         self._handed: group.Request | None = None  # the commit this writer handed over (:mod:`.group`)
-        self._then: Callable[[], None] | None = None  # what the turn does once its commit is reported
+        self._then: Callable[[], bool] | None = None  # once its commit is reported: whether the turn stands
         self._held = False  # this commit took the lock (a request it handed over is then told at once)
 
     # -- begin -----------------------------------------------------------------------------------
@@ -278,6 +278,7 @@ class Transaction(WriteChecks):
         reached(Step.WRITTEN, self.instant_time)
         if self.instant.state is State.REQUESTED:
             self.plan(metadata)
+        stands = False  # whether the turn stands once this commit is published (:mod:`.standing`)
         try:
             self.heartbeat.refresh()  # a fresh lease for the commit; a writer that was paused loses it here
             self.heartbeat.check()
@@ -299,14 +300,14 @@ class Transaction(WriteChecks):
                 reached(
                     Step.PUBLISHED, self.instant_time, completion=completion, lock=self.lock, grouped=grouped
                 )
-                if self._then is not None:
-                    self._then()
+                stands = self._then is not None and self._then()
             finally:
                 # A turn that published nothing says so: later holders need not list. Not one of a writer
                 # that handed its commit over: holders after it then leave that request alone.
                 if not self._publishing and not self.lock.requested:
                     self.lock.note_published(None)
-                self._release_lock()
+                if not stands:  # else the standing turn releases the lock, and stops the heartbeat
+                    self._release_lock()
         except RequestPublished as grouped:
             completed = self._published_by_another(grouped.noted)
         except CommitStateUnknownError:
@@ -321,7 +322,8 @@ class Transaction(WriteChecks):
         finally:
             self.lock.request = None
         try:
-            self.heartbeat.stop(delete=True)
+            if not stands:
+                self.heartbeat.stop(delete=True)
         except CowriteError as exc:  # committed all the same; the cleaner collects a stray heartbeat
             log.warning("committed %s, but could not delete its heartbeat: %s", completed, exc)
         log.info("committed %s on %s", completed, self.table)
@@ -337,7 +339,8 @@ class Transaction(WriteChecks):
             return
         if self.options.txn is None and group.groupable(self.action, self.strategy):
             plans, keys = not self._ingestion_first(metadata), self._checks_keys(metadata)
-            request = group.Request(self.instant, noted, time.time() + lasts, plans, keys, payload)
+            seen = self.begin_timeline.latest_completion_time or ""
+            request = group.Request(self.instant, noted, time.time() + lasts, plans, keys, payload, seen)
             self.lock.request, self._handed = request.to_bytes(), request
 
     def _settle(self, failure: BaseException) -> Instant | None:
@@ -458,9 +461,9 @@ class Transaction(WriteChecks):
         self.table.published(done, payload)
         self.instant = done
         if noted:  # once this commit is reported: the commits of waiters follow it
-            own, clock, check = (done, metadata), self.options.clock, self.heartbeat.check
+            own, clock, heartbeat = (done, metadata), self.options.clock, self.heartbeat
             self._then = partial(
-                group.publish_waiting, self.table, self.lock, timeline, own, requests, clock, check
+                standing.publish_waiting, self.table, self.lock, timeline, own, requests, clock, heartbeat
             )
         if reverted is not None:
             reverted.publish(self.table, metadata, int(self.options.clock() * 1000))

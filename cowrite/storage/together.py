@@ -86,8 +86,20 @@ def in_background(storage: Storage, call: Callable[[], object], what: str) -> Fu
     return underway
 
 
+_BEFORE_FINISHING: list[Callable[[], None]] = []
+
+
+def before_finishing(end: Callable[[], None]) -> None:
+    """Have :func:`finish_background` call ``end`` first: work that goes on by itself and makes more
+    requests in the background as it ends."""
+    _BEFORE_FINISHING.append(end)
+
+
 def finish_background() -> None:
-    """Wait for the requests :func:`in_background` has made so far to be answered."""
+    """End what :func:`before_finishing` named, then wait for the requests :func:`in_background` has made
+    so far to be answered."""
+    for end in _BEFORE_FINISHING:
+        end()
     for underway in list(_underway):
         underway.result()
 

@@ -26,6 +26,15 @@ class RequestPublished(Exception):  # noqa: N818 (an outcome, not an error)
         self.noted = noted
 
 
+@dataclass(frozen=True)
+class Standing:
+    """How a writer's turn of the lock may stand once its commit is published, taking the commits other
+    writers hand it over a connection (:mod:`cowrite.protocol.standing`)."""
+
+    most: float  # seconds a turn stands at most
+    address: str  # the address of this host where a standing turn listens
+
+
 def _new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -84,6 +93,9 @@ class TableLock(ABC):
         # handed over.
         self.request: bytes | None = None
         self.requested = False
+        # Where the provider lets a turn stand after its holder's commit (:mod:`cowrite.protocol.standing`)
+        # and this writer hands its commit to a standing turn it finds; None where it does neither.
+        self.standing: Standing | None = None
 
     @abstractmethod
     def acquire(self, timeout: float | None = None) -> None: ...
@@ -97,6 +109,11 @@ class TableLock(ABC):
     @property
     @abstractmethod
     def is_held(self) -> bool: ...
+
+    @property
+    def lock_id(self) -> int | None:
+        """The id of the turn this object holds, where the provider numbers turns; else None."""
+        return None
 
     # -- turns: for providers that can tell whether anybody held the lock between two moments ---------
     def turn(self) -> int | None:

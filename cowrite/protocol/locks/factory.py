@@ -14,6 +14,8 @@ from cowrite.format.config import (
     LOCK_MAX_RETRY_WAIT_MS,
     LOCK_PROVIDER,
     LOCK_RETRY_WAIT_MS,
+    LOCK_STANDING_ADDRESS,
+    LOCK_STANDING_MS,
     LOCK_WAIT_MS,
     ZK_BASE_PATH,
     ZK_CONNECTION_TIMEOUT_MS,
@@ -24,7 +26,7 @@ from cowrite.format.config import (
     Config,
 )
 from cowrite.protocol.heartbeat import HeartbeatPolicy
-from cowrite.protocol.locks.base import InProcessLock, LockHolder, TableLock
+from cowrite.protocol.locks.base import InProcessLock, LockHolder, Standing, TableLock
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.retry import RetryPolicy
 from cowrite.storage.backend import Storage
@@ -62,6 +64,17 @@ def retry_policy(config: Config) -> RetryPolicy:
         if value < 0:
             raise ConfigError(f"{key.key} must not be negative, not {value}: {key.doc}")
     return RetryPolicy(deadline=wait / 1000, delay=first / 1000, max_delay=max(first, longest) / 1000)
+
+
+def standing(storage: Storage, config: Config) -> Standing | None:
+    """How a writer's turn of the filesystem lock stands (:mod:`cowrite.protocol.standing`): on an object
+    store, unless ``cowrite.lock.standing.ms`` is 0; else ConfigError."""
+    most, address = config.get(LOCK_STANDING_MS), config.get(LOCK_STANDING_ADDRESS).strip()
+    if most < 0 or not address:
+        raise ConfigError(
+            f"{LOCK_STANDING_MS.key} must be 0 or more, and {LOCK_STANDING_ADDRESS.key} an address"
+        )
+    return Standing(most / 1000, address) if most and storage.round_trips else None
 
 
 def zookeeper_hosts(url: str, default_port: int) -> str:
@@ -102,7 +115,9 @@ def lock_for(
     if provider == IN_PROCESS:
         return InProcessLock(storage.uri, holder, retry)
     if provider == FILESYSTEM:
-        return FileSystemLock(storage, holder, heartbeat, retry)
+        lock = FileSystemLock(storage, holder, heartbeat, retry)
+        lock.standing = standing(storage, config)
+        return lock
     try:
         from cowrite.protocol.locks.zookeeper import ZooKeeperLock
     except ImportError as exc:

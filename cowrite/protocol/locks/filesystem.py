@@ -29,10 +29,17 @@ from dataclasses import replace
 from enum import Enum
 from functools import partial
 
-from cowrite.errors import CowriteError, LeaseLostError, LockTimeoutError
+from cowrite.errors import CowriteError, LeaseLostError
 from cowrite.protocol.heartbeat import HeartbeatPolicy
 from cowrite.protocol.locks.base import LockHolder, RequestPublished, TableLock
-from cowrite.protocol.locks.holders import expire_lock, holder_or_unknown, staleness, timeout_error
+from cowrite.protocol.locks.handover import answered, offer, standing_turn
+from cowrite.protocol.locks.holders import (
+    expire_lock,
+    holder_or_unknown,
+    lost_error,
+    staleness,
+    timeout_error,
+)
 from cowrite.protocol.locks.lock_files import (
     FRESH_VIEW,
     LOCK_DIR,
@@ -43,7 +50,6 @@ from cowrite.protocol.locks.lock_files import (
     collectable,
     created_at,
     delete_in_order,
-    describe_release,
     is_release,
     queued_path,
     read_places,
@@ -129,6 +135,7 @@ class FileSystemLock(TableLock):
         self._behind = False  # whether it took that place behind another waiter's, and has not asked since
         self._left: tuple[int, float] | None = None  # (free id, since when) the next is left to its waiter
         self._last = LockFiles(frozenset(), frozenset())  # this object's last listing
+        self._refused_by: int | None = None  # the standing turn that last refused this waiter's commit
 
     @property
     def lock_id(self) -> int | None:
@@ -173,7 +180,8 @@ class FileSystemLock(TableLock):
                 with releases.turn() as mine:
                     if mine and self._try() is _Outcome.ACQUIRED:
                         return
-        raise self._timeout_error(policy.deadline)
+        seen = self._seen or self._waited_for  # the holder of a young lock was not read
+        raise timeout_error(self.storage, policy.deadline, self.heartbeat.tolerance, seen)
 
     def _try(self) -> _Outcome:
         outcome = self._try_acquire()
@@ -202,7 +210,12 @@ class FileSystemLock(TableLock):
         showed no later turn, and a later one is not collected that soon) unless the next collects old
         lock files: that one is noted from a listing, which leaves it to a waiter queued for it."""
         self._notes, fresh_for = {}, FRESH_VIEW / 2
-        if (own := last_turn(self.storage.uri) if self.storage.round_trips else None) is not None:
+        own = last_turn(self.storage.uri) if self.storage.round_trips else None
+        stood = answered(self.storage.uri) if self.standing is not None else None
+        if stood is not None and time.monotonic() - stood[1] < fresh_for and (own or (0,))[0] < stood[0]:
+            self._view_at, self._free_after = stood[1], None
+            return stood[0] - 1  # it stood when it published this process's commit: the turn before ended
+        if own is not None:
             lock_id, began = own
             if (lock_id + 1) % _KEPT_ON_RELEASE and time.monotonic() - began < fresh_for:
                 self._view_at, self._free_after = began, lock_id
@@ -291,7 +304,18 @@ class FileSystemLock(TableLock):
         guessed from its last listing (a hold is four requests, one after another)."""
         return min(_LONGEST_PACE, hold_seconds(self.storage.uri) or 4 * self._asked)
 
+    def _offer(self, lock_id: int | None) -> None:
+        """Hand this waiter's commit to standing turn ``lock_id`` (:mod:`.handover`) unless it refused it."""
+        if lock_id is None or self.request is None or self.standing is None or lock_id == self._refused_by:
+            return
+        sent, noted = offer(self.storage, lock_id, self.request)
+        self.requested, self._refused_by = self.requested or sent, lock_id
+        if noted is not None:
+            self._leave_queue()
+            raise RequestPublished(noted)
+
     def _try_acquire(self) -> _Outcome:
+        self._offer(standing_turn(self.storage.uri))  # before a listing: the turn it knows of may stand still
         asked = time.monotonic()
         files = self._scan()
         self._asked = time.monotonic() - asked
@@ -302,6 +326,8 @@ class FileSystemLock(TableLock):
             self._first_seen = current
         told = self.on_published if files.published else None
         held = files.is_held(current)
+        if held and current in files.serving:
+            self._offer(current)
         if held or self._leave_to_queued(files, current):
             # what the last turns published is read beside taking a place: one round trip for both
             read = told and partial(told, files.published, True)
@@ -436,14 +462,6 @@ class FileSystemLock(TableLock):
         expire_lock(self.storage, lock_id, holder, reason, self.holder.owner, at)
         return _Outcome.AGAIN
 
-    def _timeout_error(self, deadline: float | None) -> LockTimeoutError:
-        if self._seen is None and self._waited_for is not None:  # a young lock's holder was not read
-            try:
-                self._seen = (self._waited_for, holder_or_unknown(self.storage, self._waited_for))
-            except (FileNotFoundError, CowriteError):
-                pass
-        return timeout_error(self.storage, deadline, self.heartbeat.tolerance, self._seen)
-
     def release(self) -> None:
         """Create this turn's note, or ``lock<id>.released`` when it noted nothing; a lock already expired
         by someone else is only logged.
@@ -478,19 +496,5 @@ class FileSystemLock(TableLock):
         if lock_id is None:
             raise LeaseLostError(f"table lock on {self.storage.uri} is not held by {self.holder.owner}")
         files = scan(self.storage)
-        if files.is_held(lock_id) and files.highest == lock_id:
-            return
-        if lock_id in files.published:
-            noted = ", ".join(files.published[lock_id])
-            how = f"its holder released it, noting that its turn published {noted}"
-        elif lock_id in files.released:
-            how = describe_release(self.storage, lock_id)
-        elif lock_id not in files.acquired:
-            how = "its lock file was deleted (expired, then garbage-collected)"
-        else:
-            how = f"lock{files.highest} was taken after it"
-        raise LeaseLostError(
-            f"table lock {lock_id} on {self.storage.uri} of {self.holder.owner} (instant "
-            f"{self.holder.instant or 'none'}) was lost: {how}. Whatever it was doing must not be published; "
-            "a writer that lost its lock aborts its instant"
-        )
+        if not files.is_held(lock_id) or files.highest != lock_id:
+            raise lost_error(self.storage, files, lock_id, self.holder)

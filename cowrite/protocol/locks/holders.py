@@ -13,14 +13,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cowrite.errors import CorruptTimelineError, LockTimeoutError
+from cowrite.errors import CorruptTimelineError, CowriteError, LeaseLostError, LockTimeoutError
 from cowrite.protocol.heartbeat import HeartbeatPolicy, heartbeat_age
 from cowrite.protocol.locks.base import LockHolder
 from cowrite.protocol.locks.lock_files import (
     LOCK_DIR,
+    LockFiles,
     ReleaseReason,
     acquired_path,
     created_at,
+    describe_release,
     read_holder,
     scan,
     write_release,
@@ -96,16 +98,40 @@ def expire_lock(
     return True
 
 
+def lost_error(storage: Storage, files: LockFiles, lock_id: int, holder: LockHolder) -> LeaseLostError:
+    """What :meth:`~.filesystem.FileSystemLock.check_held` raises when ``files`` (a listing made since
+    the lock was taken) show that ``holder`` lost lock ``lock_id``: how, from the files."""
+    if lock_id in files.published:
+        how = f"its holder released it, noting that its turn published {', '.join(files.published[lock_id])}"
+    elif lock_id in files.released:
+        how = describe_release(storage, lock_id)
+    elif lock_id not in files.acquired:
+        how = "its lock file was deleted (expired, then garbage-collected)"
+    else:
+        how = f"lock{files.highest} was taken after it"
+    return LeaseLostError(
+        f"table lock {lock_id} on {storage.uri} of {holder.owner} (instant {holder.instant or 'none'}) was "
+        f"lost: {how}. Whatever it was doing must not be published; a writer that lost its lock aborts its "
+        "instant"
+    )
+
+
 def describe_holder(holder: LockHolder, lock_id: int) -> str:
     return f"{holder.owner} (instant {holder.instant or 'none'}, lock{lock_id})"
 
 
 def timeout_error(
-    storage: Storage, deadline: float | None, tolerance: float, seen: tuple[int, LockHolder] | None
+    storage: Storage, deadline: float | None, tolerance: float, seen: tuple[int, LockHolder] | int | None
 ) -> LockTimeoutError:
-    """What a wait for the lock that ran out of time raises, naming the holder ``seen`` (its id) if any."""
+    """What a wait for the lock that ran out of time raises, naming the holder ``seen`` (its id, and the
+    holder read then, else read now) if any."""
     waited = f"within {deadline} s" if deadline is not None else "in the allowed number of tries"
     held_by = "other writers kept taking it first"
+    if isinstance(seen, int):
+        try:
+            seen = (seen, holder_or_unknown(storage, seen))
+        except (FileNotFoundError, CowriteError):
+            seen = None
     if seen is not None:
         held_by = f"it is held by {describe_holder(seen[1], seen[0])}"
     return LockTimeoutError(

@@ -29,6 +29,8 @@ Files, each created once with create-if-absent and never rewritten:
   the lock is still whoever created ``lock<id>.acquired``. It only lets waiters ask when their turn
   has come instead of all asking at every release. It may hold the waiter's commit, for a holder ahead
   of it to publish with its own (:mod:`cowrite.protocol.group`); else it is empty.
+- ``lock<id>.serves``: the holder of turn ``id`` stands, once its commit is published, and takes commits
+  handed to it over a connection; it holds where (:mod:`.handover`). Collected with the lock's files.
 
 The lock is held by the holder of the highest id while no ``lock<id>.released`` and no note exists for
 it. Ids are positive integers compared as numbers and only grow: acquiring means creating
@@ -52,7 +54,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
@@ -72,6 +74,7 @@ _LOCK_FILE = re.compile(r"lock([1-9][0-9]*)\.(acquired|released)")
 _NOTE = re.compile(r"lock([1-9][0-9]*)\.published(?:\+([1-9][0-9]*))?\.(.+)")
 _GROUPED = re.compile(r"lock([1-9][0-9]*)\.grouped\.(.+)")
 _QUEUED = re.compile(r"lock([1-9][0-9]*)\.queued")
+_SERVES = re.compile(r"lock([1-9][0-9]*)\.serves")
 
 # Seconds on each process's monotonic clock, on object stores (see the module docstring); the age must be
 # at least the fresh view, and more leaves a margin.
@@ -108,6 +111,10 @@ def grouped_path(lock_id: int, published: str) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.grouped.{published}"
 
 
+def serves_path(lock_id: int) -> str:
+    return f"{LOCK_DIR}/lock{lock_id}.serves"
+
+
 def queued_path(lock_id: int) -> str:
     return f"{LOCK_DIR}/lock{lock_id}.queued"
 
@@ -133,6 +140,7 @@ class LockFiles:
     acquired_at: Mapping[int, float] = field(default_factory=dict)
     listed_at: float | None = None
     notes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # every note's file name, by id
+    serving: frozenset[int] = frozenset()  # the ids of turns that stand, taking commits (``.serves``)
 
     @property
     def highest(self) -> int:
@@ -183,12 +191,20 @@ def scan(storage: Storage, fresh_for: float = 0.0) -> LockFiles:
     files = files_listed(storage, storage.list(LOCK_DIR), listed_at)
     if (newest := _LAST_LISTED.get(storage.uri)) is None or (newest.listed_at or 0.0) < listed_at:
         _LAST_LISTED[storage.uri] = files
+    # a grouped note's sketch tells of the commit it names, the turn noted or not (it is matched by name)
+    grouped = (m.group(2) for names in files.notes.values() for n in names if (m := _GROUPED.fullmatch(n)))
+    remember_notes(storage.uri, [*(n for names in files.published.values() for n in names), *grouped])
+    return files
+
+
+def remember_notes(uri: str, notes: Iterable[str]) -> None:
+    """Keep what ``notes`` (completed file names, maybe with sketches) tell of the table at ``uri``'s
+    commits, for :func:`noted`."""
     # replaced, not changed in place: listings run on several threads, and a note lost to a race only
     # costs a write a listing of its partitions
-    notes = {**_NOTED.get(storage.uri, {})}
-    notes.update((name.partition("_")[0], name) for names in files.published.values() for name in names)
-    _NOTED[storage.uri] = dict(list(notes.items())[-_NOTED_KEPT:])
-    return files
+    kept = {**_NOTED.get(uri, {})}
+    kept.update((note.partition("_")[0], note) for note in notes)
+    _NOTED[uri] = dict(list(kept.items())[-_NOTED_KEPT:])
 
 
 def files_listed(storage: Storage, infos: list[FileInfo], listed_at: float) -> LockFiles:
@@ -226,6 +242,7 @@ def files_named(names: frozenset[str]) -> LockFiles:
     grouped: dict[int, list[str]] = {}
     notes: dict[int, list[str]] = {}
     queued: set[int] = set()
+    serving: set[int] = set()
     for name in names:
         if (note := _NOTE.fullmatch(name)) is not None:
             lock_id = int(note.group(1))
@@ -239,6 +256,9 @@ def files_named(names: frozenset[str]) -> LockFiles:
             (release_files if parsed[1] else acquired).add(parsed[0])
         elif (place := _QUEUED.fullmatch(name)) is not None:
             queued.add(int(place.group(1)))
+        elif (stands := _SERVES.fullmatch(name)) is not None:
+            serving.add(int(stands.group(1)))
+            notes.setdefault(int(stands.group(1)), []).append(name)
     published = {
         lock_id: (own, *sorted(members, key=_completion))
         for lock_id, (count, own) in closing.items()
@@ -247,7 +267,13 @@ def files_named(names: frozenset[str]) -> LockFiles:
     ended = frozenset(release_files | closing.keys())
     kept = {lock_id: tuple(sorted(names)) for lock_id, names in notes.items()}
     return LockFiles(
-        frozenset(acquired), ended, published, frozenset(queued), frozenset(release_files), notes=kept
+        frozenset(acquired),
+        ended,
+        published,
+        frozenset(queued),
+        frozenset(release_files),
+        notes=kept,
+        serving=frozenset(serving),
     )
 
 
