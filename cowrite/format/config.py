@@ -214,6 +214,12 @@ LOCK_STANDING_MS = ConfigKey(
     "Filesystem lock on an object store: how long a writer's turn may stand once its commit is published, "
     "publishing the commits other writers hand it over a connection; 0 = never.",
 )
+LOCK_STANDING_IDLE_MS = ConfigKey(
+    "cowrite.lock.standing.idle.ms",
+    300,
+    int,
+    "How long a standing turn of the lock waits for the next commit handed to it before it ends.",
+)
 LOCK_STANDING_ADDRESS = ConfigKey(
     "cowrite.lock.standing.address",
     "127.0.0.1",

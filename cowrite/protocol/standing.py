@@ -12,10 +12,11 @@ it holds the lock, and the timeline it knew at its commit, with what it publishe
   ``cowrite.lock.standing.address`` and names the address in ``lock<id>.serves``.
 - **What it publishes.** A commit handed to it is checked as one queued behind the turn is
   (:func:`.group.publish_one`): refused commits are left to their writers, who go on through the store.
-- **How long.** Until :data:`IDLE` seconds pass with no commit, or ``cowrite.lock.standing.ms`` after it
-  began to stand; a process that exits waits for that. Its writer's heartbeat goes on meanwhile, and each create is made
-  only while the writer's lease holds with the safety margin to spare, as the holder's own commit was:
-  waiters judge the holder by that heartbeat, so no commit is published after the lock may have expired.
+- **How long.** Until ``cowrite.lock.standing.idle.ms`` pass with no commit, or until
+  ``cowrite.lock.standing.ms`` after it began to stand; a process that exits waits for that. Its writer's
+  heartbeat goes on meanwhile, and each create is made only while the writer's lease holds with the safety
+  margin to spare, as the holder's own commit was: waiters judge the holder by that heartbeat, so no
+  commit is published after the lock may have expired.
 - **How it ends.** It stops taking commits and refuses those not yet published, notes every commit it
   published, releases the lock and stops its writer's heartbeat. A create that failed midway ends it at
   once, unnoted: later holders list the timeline. A holder killed while its turn stands leaves the lock to
@@ -46,7 +47,6 @@ from cowrite.storage.together import before_finishing, in_background
 
 log = logging.getLogger(__name__)
 
-IDLE = 0.3  # seconds a turn stands with no commit handed to it
 _STANDING: set[threading.Thread] = set()  # this process's standing turns
 _ENDING = threading.Event()  # set when the process exits: no turn begins to stand any more
 
@@ -89,6 +89,7 @@ class _StandingTurn:
             group.publish_one, table, lock, timeline, turn, clock=clock, check=heartbeat.check
         )
         self.lock_id, self.until = lock.lock_id, time.monotonic() + lock.standing.most
+        self.idle = lock.standing.idle
         self._inbox: queue.Queue[tuple[bytes, Answer]] = queue.Queue()
         self._taking = threading.Lock()  # a commit is queued only while the turn takes commits
         self._ended = False
@@ -140,7 +141,7 @@ class _StandingTurn:
         if left <= 0:
             return None
         try:
-            return self._inbox.get(timeout=min(IDLE, left))
+            return self._inbox.get(timeout=min(self.idle, left))
         except queue.Empty:
             return None
 

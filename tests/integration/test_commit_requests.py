@@ -376,7 +376,7 @@ def test_a_writer_reads_the_commits_since_that_no_note_sketched_rather_than_list
     p0, so the plan the writer made with its claim stands, and it neither lists p0 nor writes its plan
     again. A rival commit into p0's file group, read the same way, is not left out: the writer lists p0,
     plans again, and builds on the rival's file."""
-    monkeypatch.setattr(local_writer, "noted_sketch", lambda storage, commit: None)
+    monkeypatch.setattr(local_writer, "noted_sketches", lambda storage, commits: dict.fromkeys(commits))
     writer = LocalWriter(through(table, proxy, "writer"))
     rival = LocalWriter(through(table, proxy, "rival"))
     writer.upsert(rows(["c"], ts=2, value="writer"))  # the writer knows p0's files from here on

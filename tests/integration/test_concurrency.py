@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,9 @@ from kazoo.client import KazooClient
 from support import TESTS, wait_until, writer_process
 from support.servers import S3Server, ZooKeeperServer
 
+from cowrite.errors import ConfigError
 from cowrite.format import config as keys
+from cowrite.format.config import Config
 from cowrite.format.instant import State
 from cowrite.format.table import Table
 from cowrite.format.timeline import TIMELINE_DIR, Timeline
@@ -38,10 +41,11 @@ from cowrite.local.read import snapshot
 from cowrite.local.writer import LocalWriter
 from cowrite.protocol.heartbeat import HEARTBEAT_DIR, HeartbeatPolicy, heartbeat_path
 from cowrite.protocol.liveness import judge
-from cowrite.protocol.locks.base import LockHolder
+from cowrite.protocol.locks import handover, lock_for
+from cowrite.protocol.locks.base import LockHolder, Standing
 from cowrite.protocol.locks.filesystem import FileSystemLock
 from cowrite.protocol.locks.holders import current_lock
-from cowrite.protocol.locks.lock_files import LOCK_DIR, read_release
+from cowrite.protocol.locks.lock_files import LOCK_DIR, read_release, serves_path
 from cowrite.protocol.transaction import WriteOptions
 from cowrite.storage.backend import Storage
 
@@ -1048,3 +1052,245 @@ def test_a_waiter_that_gives_up_after_handing_its_commit_over_reports_it_publish
         expected |= expected_rows(plan, (held if started[name] is holder else waited)["instant"])
     assert_rows(target, expected)
     assert_lock_free(target)
+
+
+# -- 10. standing turns on S3: a holder keeps its turn and publishes the commits handed to it ----------
+
+# A turn that stands for seconds with no commit handed to it, so that the writers a test starts reach it;
+# the lease as group commit's, so that a dead holder's lock expires within the test's waits.
+STANDING = {
+    **GROUP_HEARTBEAT,
+    keys.LOCK_STANDING_MS.key: "30000",
+    keys.LOCK_STANDING_IDLE_MS.key: "5000",
+}
+
+
+def serving(target: Target) -> list[str]:
+    """The ``lock<id>.serves`` files: the turns that stand, or stood and are not collected yet."""
+    return [i.name for i in target.storage.list(LOCK_DIR) if i.name.endswith(".serves")]
+
+
+def test_a_standing_turn_publishes_the_commits_handed_to_it(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    target = s3_target(s3_server)
+    target.create()
+    log, go = tmp_path / "commits.log", tmp_path / "go"
+    plans = {name: [batch(name, [f"{name}-{j}" for j in range(3)], name)] for name in ("a", "b", "c")}
+    waiters = [
+        writers.start(
+            target, plans[n], name=n, operation="insert", options=STANDING, start_file=go, commit_log=log
+        )
+        for n in ("b", "c")
+    ]
+    holder = writers.start(target, plans["a"], name="a", operation="insert", options=STANDING, commit_log=log)
+    wait_until(lambda: serving(target), "the holder's turn to stand")
+    writers.start_together(waiters, go)
+    results = {w.name: w.finish(EXIT_OK)["commits"][0] for w in waiters}
+    results["a"] = holder.finish(EXIT_OK)["commits"][0]
+
+    # One turn published all three, the holder's first: the waiters' were handed to it over a connection,
+    # with no place in the queue taken, and its notes name them.
+    entries = read_log(log)
+    lock_id = entries[0]["lock_id"]
+    assert [e["instant"] for e in entries[:1]] == [results["a"]["instant"]]
+    assert sorted(e["instant"] for e in entries[1:]) == sorted(results[n]["instant"] for n in ("b", "c"))
+    assert {e["lock_id"] for e in entries} == {lock_id} and {e["pid"] for e in entries} == {holder.pid}
+    assert_commit_order(target, entries, before=[])
+    completed = {i.requested_time: i for i in target.timeline()}
+    for result in results.values():
+        assert completed[result["instant"]].completion_time == result["completion"]
+    own, *grouped = [f"{e['instant']}_{e['completion']}.commit" for e in entries]
+    notes = lock_notes(target)
+    assert len(notes) == 3 and [n for n in notes if n.startswith(f"lock{lock_id}.published+2.{own}")]
+    assert all([n for n in notes if n.startswith(f"lock{lock_id}.grouped.{name}")] for name in grouped)
+    assert serving(target) == [f"lock{lock_id}.serves"]
+    assert not [i for i in target.storage.list(LOCK_DIR) if i.name.endswith(".queued")]
+    # the turn ended by itself: the lock released, the holder's heartbeat stopped with it
+    lock = current_lock(target.storage)
+    assert lock is not None and lock.lock_id == lock_id and lock.holder is None
+    assert target.storage.list(HEARTBEAT_DIR) == []
+
+    expected: Rows = {}
+    for name, plan in plans.items():
+        expected |= expected_rows(plan, results[name]["instant"])
+    assert_rows(target, expected)
+
+
+def test_a_holder_killed_while_its_turn_stands_loses_no_commit(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """kill -9 of a standing holder between the create of a waiter's completed file and its answer: the
+    waiter finds the connection broken, waits through the store until the dead holder's lock expires,
+    and finds its commit published."""
+    target = s3_target(s3_server)
+    target.create()
+    plans = {name: [batch(name, [f"{name}-{j}" for j in range(2)], name)] for name in ("a", "b")}
+    holder = writers.start(
+        target, plans["a"], name="a", operation="insert", options=STANDING, pause_at="grouped"
+    )
+    wait_until(lambda: serving(target), "the holder's turn to stand")
+    waiter = writers.start(target, plans["b"], name="b", operation="insert", options=STANDING)
+    paused = holder.paused()
+    holder.kill()
+    result = waiter.finish(EXIT_OK)["commits"][0]
+
+    assert paused["instant"] == result["instant"]  # the holder died once the waiter's commit was created
+    timeline = target.timeline()
+    assert all(i.is_completed for i in timeline) and len(timeline) == 2
+    held = next(i for i in timeline if i.requested_time != result["instant"])
+    assert timeline.get(result["instant"]).completion_time == result["completion"]  # type: ignore[union-attr]
+    assert held.completion_time is not None and held.completion_time < result["completion"]
+    (stood,) = serving(target)
+    stood_id = int(stood.removeprefix("lock").removesuffix(".serves"))
+    assert read_release(target.storage, stood_id)["reason"] == "expired"
+    assert_rows(
+        target, expected_rows(plans["a"], held.requested_time) | expected_rows(plans["b"], result["instant"])
+    )
+    assert_lock_free(target)
+
+
+def test_a_waiter_killed_after_handing_its_commit_over_is_published(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """kill -9 of a waiter whose commit a standing turn is publishing: the turn goes on, answers nobody,
+    and notes the commit; the table holds it."""
+    target = s3_target(s3_server)
+    target.create()
+    log = tmp_path / "commits.log"
+    plans = {name: [batch(name, [f"{name}-{j}" for j in range(2)], name)] for name in ("a", "b")}
+    holder = writers.start(
+        target,
+        plans["a"],
+        name="a",
+        operation="insert",
+        options=STANDING,
+        pause_at="grouped",
+        release_by_file=True,
+        commit_log=log,
+    )
+    wait_until(lambda: serving(target), "the holder's turn to stand")
+    waiter = writers.start(target, plans["b"], name="b", operation="insert", options=STANDING)
+    paused = holder.paused()
+    waiter.kill()
+    holder.release()
+    held = holder.finish(EXIT_OK)["commits"][0]["instant"]
+
+    entries = read_log(log)
+    assert [e["instant"] for e in entries] == [held, paused["instant"]]
+    assert_commit_order(target, entries, before=[])
+    timeline = target.timeline()
+    assert all(i.is_completed for i in timeline) and len(timeline) == 2
+    own, handed = [f"{e['instant']}_{e['completion']}.commit" for e in entries]
+    lock_id = entries[0]["lock_id"]
+    notes = lock_notes(target)
+    assert [n for n in notes if n.startswith(f"lock{lock_id}.published+1.{own}")]
+    assert [n for n in notes if n.startswith(f"lock{lock_id}.grouped.{handed}")]
+    assert_rows(target, expected_rows(plans["a"], held) | expected_rows(plans["b"], paused["instant"]))
+    assert_lock_free(target)
+
+
+def test_a_standing_turn_refuses_a_commit_that_conflicts(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """A writer that began before the holder's commit, and touches its file group, is refused by the
+    standing turn, goes on through the store, and loses the conflict there; nothing of it is published."""
+    target = s3_target(s3_server)
+    seeded, rows = seed(target, [f"s{i}" for i in range(3)])
+    options = {**STANDING, keys.RETRIES_ON_CONFLICT.key: "0"}
+    log = tmp_path / "commits.log"
+    rival_plan = [batch("p0", ["s2"], "rival")]  # the seed's one file group, as the holder's
+    rival = writers.start(
+        target,
+        rival_plan,
+        name="rival",
+        options=options,
+        pause_at="planned",
+        release_by_file=True,
+        commit_log=log,
+    )
+    rival.paused()  # it began on the seed alone
+    holder_plan = [batch("p0", ["s0"], "holder")]
+    seeding = serving(target)  # the seed's turn stood too
+    holder = writers.start(target, holder_plan, name="holder", options=options, commit_log=log)
+    wait_until(lambda: serving(target) != seeding, "the holder's turn to stand")
+    rival.release()
+    rival.wait()
+    assert rival.process.returncode == EXIT_CONFLICT, rival.output()
+    held = holder.finish(EXIT_OK)["commits"][0]["instant"]
+
+    entries = read_log(log)
+    assert [e["instant"] for e in entries] == [held]
+    timeline = target.timeline()
+    assert [i.requested_time for i in timeline.in_completion_order()] == [seeded, held]
+    assert [i for i in timeline if not i.is_completed and i.requested_time == held] == []
+    assert_rows(target, rows | expected_rows(holder_plan, held))
+    assert_lock_free(target)
+
+
+def test_a_stale_standing_address_sends_the_waiter_through_the_store(
+    s3_server: S3Server, writers: Writers, tmp_path: Path
+) -> None:
+    """A ``lock<id>.serves`` whose holder no longer listens (a port closed since): the waiter hands its
+    commit over in its place in the queue instead, and commits once the lock is free."""
+    target = s3_target(s3_server)
+    target.create()
+    lock = FileSystemLock(target.storage, LockHolder(owner="test"), HeartbeatPolicy())
+    lock.acquire()
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    address = handover.Address("127.0.0.1", port, socket.gethostname(), "secret")
+    assert lock.lock_id is not None
+    target.storage.write(serves_path(lock.lock_id), address.to_bytes())
+    plan = [batch("b", ["b-0", "b-1"], "b")]
+    waiter = writers.start(target, plan, name="b", operation="insert", options=STANDING)
+    wait_until(lambda: requests_queued(target, 1), "the waiter to queue its commit in the store")
+    lock.note_published(None)
+    lock.release()
+    result = waiter.finish(EXIT_OK)["commits"][0]
+
+    timeline = target.timeline()
+    assert [(i.requested_time, i.completion_time) for i in timeline] == [
+        (result["instant"], result["completion"])
+    ]
+    assert_rows(target, expected_rows(plan, result["instant"]))
+    assert_lock_free(target)
+
+
+def test_a_standing_turn_takes_only_messages_with_its_secret_and_id() -> None:
+    taken: list[tuple[str, bytes]] = []
+
+    def take(kind: str, payload: bytes, answer: handover.Answer) -> None:
+        taken.append((kind, payload))
+        answer("P\tnoted")
+
+    listener = handover.Listener("127.0.0.1", 7, take)
+    try:
+        right = listener.address
+        wrong = handover.Address(right.host, right.port, right.node, "not-the-secret")
+        refused = f"{handover.REFUSED}\tnot this turn's secret"
+        assert handover._exchange(wrong, 7, handover.COMMIT, b"request") == refused
+        assert handover._exchange(right, 8, handover.COMMIT, b"request") == refused
+        assert taken == []
+        assert handover._exchange(right, 7, handover.COMMIT, b"request") == "P\tnoted"
+        assert taken == [(handover.COMMIT, b"request")]
+    finally:
+        listener.close()
+    with pytest.raises(handover.Unreached):
+        handover._exchange(right, 7, handover.COMMIT, b"request")
+
+
+def test_turns_stand_only_where_the_settings_let_them(s3_server: S3Server, tmp_path: Path) -> None:
+    s3 = s3_target(s3_server).storage
+    local = Storage.for_uri(str(tmp_path / "table"))
+    holder, policy = LockHolder(owner="test"), HeartbeatPolicy()
+
+    def standing(storage: Storage, **settings: str) -> Standing | None:
+        return lock_for(storage, Config(settings), holder, policy, "t").standing
+
+    assert standing(s3) == Standing(most=3.0, idle=0.3, address="127.0.0.1")
+    assert standing(s3, **{keys.LOCK_STANDING_MS.key: "0"}) is None
+    assert standing(local) is None  # local disk: a turn costs no round trips
+    with pytest.raises(ConfigError, match="cowrite.lock.standing.ms must be 0 or more"):
+        standing(s3, **{keys.LOCK_STANDING_MS.key: "-1"})

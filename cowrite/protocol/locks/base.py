@@ -32,6 +32,7 @@ class Standing:
     writers hand it over a connection (:mod:`cowrite.protocol.standing`)."""
 
     most: float  # seconds a turn stands at most
+    idle: float  # seconds it stands with no commit handed to it
     address: str  # the address of this host where a standing turn listens
 
 

@@ -15,6 +15,7 @@ from cowrite.format.config import (
     LOCK_PROVIDER,
     LOCK_RETRY_WAIT_MS,
     LOCK_STANDING_ADDRESS,
+    LOCK_STANDING_IDLE_MS,
     LOCK_STANDING_MS,
     LOCK_WAIT_MS,
     ZK_BASE_PATH,
@@ -69,12 +70,14 @@ def retry_policy(config: Config) -> RetryPolicy:
 def standing(storage: Storage, config: Config) -> Standing | None:
     """How a writer's turn of the filesystem lock stands (:mod:`cowrite.protocol.standing`): on an object
     store, unless ``cowrite.lock.standing.ms`` is 0; else ConfigError."""
-    most, address = config.get(LOCK_STANDING_MS), config.get(LOCK_STANDING_ADDRESS).strip()
-    if most < 0 or not address:
+    most, idle = config.get(LOCK_STANDING_MS), config.get(LOCK_STANDING_IDLE_MS)
+    address = config.get(LOCK_STANDING_ADDRESS).strip()
+    if most < 0 or idle <= 0 or not address:
         raise ConfigError(
-            f"{LOCK_STANDING_MS.key} must be 0 or more, and {LOCK_STANDING_ADDRESS.key} an address"
+            f"{LOCK_STANDING_MS.key} must be 0 or more, {LOCK_STANDING_IDLE_MS.key} more than 0, and "
+            f"{LOCK_STANDING_ADDRESS.key} an address"
         )
-    return Standing(most / 1000, address) if most and storage.round_trips else None
+    return Standing(most / 1000, idle / 1000, address) if most and storage.round_trips else None
 
 
 def zookeeper_hosts(url: str, default_port: int) -> str:
