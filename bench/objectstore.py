@@ -324,10 +324,14 @@ def add_history(server: Any, table: Any, history: History) -> None:
     """``history.instants`` completed commits before now, each with its requested and inflight files, copied
     from one real commit of partition ``history``, stored into the server at once (10,000 instants are
     30,000 files)."""
+    from cowrite.format.config import LOCK_STANDING_MS
     from cowrite.format.instant import Instant, State, from_millis
     from cowrite.local.writer import LocalWriter
+    from cowrite.protocol.transaction import WriteOptions
 
-    seed = LocalWriter(table).insert(batch(-1, "history", 0))
+    # no turn stands after it: the lock directory is copied at once, to be archived on local disk
+    alone = WriteOptions(config=table.config.with_values({LOCK_STANDING_MS.key: "0"}))
+    seed = LocalWriter(table, alone).insert(batch(-1, "history", 0))
     payload = table.storage.read(table.instant_path(seed))
     start = int(time.time() * 1000) - 10 * history.instants - 60_000
     files = {}

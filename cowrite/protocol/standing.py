@@ -66,11 +66,14 @@ def publish_waiting(
     turn = group.publish_waiting(table, lock, timeline, own, waiting, clock, heartbeat.check)
     if turn is None:
         return False
-    if lock.standing is None or lock.lock_id is None or _ENDING.is_set():
-        turn.note(lock)
-        return False
-    _StandingTurn(table, lock, timeline, turn, clock, heartbeat)
-    return True
+    if lock.standing is not None and lock.lock_id is not None and not _ENDING.is_set():
+        try:
+            _StandingTurn(table, lock, timeline, turn, clock, heartbeat)
+            return True
+        except OSError as exc:  # the address cannot be listened on: the commit stands all the same
+            log.warning("the turn of lock%d on %s cannot stand: %s", lock.lock_id, table, exc)
+    turn.note(lock)
+    return False
 
 
 class _StandingTurn:

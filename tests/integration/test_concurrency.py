@@ -1294,3 +1294,20 @@ def test_turns_stand_only_where_the_settings_let_them(s3_server: S3Server, tmp_p
     assert standing(local) is None  # local disk: a turn costs no round trips
     with pytest.raises(ConfigError, match="cowrite.lock.standing.ms must be 0 or more"):
         standing(s3, **{keys.LOCK_STANDING_MS.key: "-1"})
+
+
+def test_a_turn_that_cannot_listen_ends_with_its_commit(s3_server: S3Server, writers: Writers) -> None:
+    """An address that is not this host's: the commit stands, and the turn ends at once as a turn that
+    does not stand, noted and released."""
+    target = s3_target(s3_server)
+    target.create()
+    plan = [batch("a", ["a-0"], "a")]
+    options = {keys.LOCK_STANDING_ADDRESS.key: "192.0.2.1"}  # TEST-NET-1: no host has it
+    result = writers.start(target, plan, name="a", operation="insert", options=options).finish(EXIT_OK)
+    (commit,) = result["commits"]
+    assert [(i.requested_time, i.completion_time) for i in target.timeline()] == [
+        (commit["instant"], commit["completion"])
+    ]
+    assert serving(target) == [] and len(lock_notes(target)) == 1
+    assert_rows(target, expected_rows(plan, commit["instant"]))
+    assert_lock_free(target)
