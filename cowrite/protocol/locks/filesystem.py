@@ -135,7 +135,7 @@ class FileSystemLock(TableLock):
         self._behind = False  # whether it took that place behind another waiter's, and has not asked since
         self._left: tuple[int, float] | None = None  # (free id, since when) the next is left to its waiter
         self._last = LockFiles(frozenset(), frozenset())  # this object's last listing
-        self._refused_by: int | None = None  # the standing turn that last refused this waiter's commit
+        self._offered_to: int | None = None  # the standing turn it last offered its commit to: not again
 
     @property
     def lock_id(self) -> int | None:
@@ -305,11 +305,11 @@ class FileSystemLock(TableLock):
         return min(_LONGEST_PACE, hold_seconds(self.storage.uri) or 4 * self._asked)
 
     def _offer(self, lock_id: int | None) -> None:
-        """Hand this waiter's commit to standing turn ``lock_id`` (:mod:`.handover`) unless it refused it."""
-        if lock_id is None or self.request is None or self.standing is None or lock_id == self._refused_by:
+        """Hand this waiter's commit to standing turn ``lock_id`` (:mod:`.handover`), once a turn."""
+        if lock_id is None or self.request is None or self.standing is None or lock_id == self._offered_to:
             return
         sent, noted = offer(self.storage, lock_id, self.request)
-        self.requested, self._refused_by = self.requested or sent, lock_id
+        self.requested, self._offered_to = self.requested or sent, lock_id
         if noted is not None:
             self._leave_queue()
             raise RequestPublished(noted)
