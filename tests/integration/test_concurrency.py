@@ -886,11 +886,21 @@ def test_the_holder_publishes_the_commits_queued_behind_it(
     holder.release()
     results = {w.name: w.finish(EXIT_OK)["commits"][0] for w in [holder, *waiters]}
 
-    # One turn of the lock published all three, the holder's first, and its log says so in commit order.
+    # One turn of the lock published all three, the holder's first; the waiters learnt from its notes
+    published_in_one_turn(target, log, holder, results, plans)
+
+
+def published_in_one_turn(
+    target: Target, log: Path, holder: Writer, results: dict[str, Any], plans: dict[str, Any]
+) -> int:
+    """That one turn of ``holder`` published the writers' commits (``results``, by name; the holder's is
+    "a") and noted them, in commit order as its log says, and ended leaving no place and no heartbeat
+    behind; the table holds every plan's rows. The turn's lock id."""
     entries = read_log(log)
-    lock_id = entries[0]["lock_id"]
+    lock_id = int(entries[0]["lock_id"])
+    others = sorted(results[n]["instant"] for n in results if n != "a")
     assert entries[0]["instant"] == results["a"]["instant"]
-    assert sorted(e["instant"] for e in entries[1:]) == sorted(results[n]["instant"] for n in ("b", "c"))
+    assert sorted(e["instant"] for e in entries[1:]) == others
     assert {e["lock_id"] for e in entries} == {lock_id} and {e["pid"] for e in entries} == {holder.pid}
     assert_commit_order(target, entries, before=[])
     completed = {i.requested_time: i for i in target.timeline()}
@@ -898,19 +908,18 @@ def test_the_holder_publishes_the_commits_queued_behind_it(
         assert completed[result["instant"]].completion_time == result["completion"]
     own, *grouped = [f"{e['instant']}_{e['completion']}.commit" for e in entries]
     notes = lock_notes(target)
-    assert len(notes) == 3
-    assert [n for n in notes if n.startswith(f"lock{lock_id}.published+2.{own}")]
+    assert len(notes) == len(entries)
+    assert [n for n in notes if n.startswith(f"lock{lock_id}.published+{len(grouped)}.{own}")]
     assert all([n for n in notes if n.startswith(f"lock{lock_id}.grouped.{name}")] for name in grouped)
-    # nobody took the lock after the holder: the waiters learnt from its notes, and left no place behind
     lock = current_lock(target.storage)
     assert lock is not None and lock.lock_id == lock_id and lock.holder is None
     assert not [i for i in target.storage.list(LOCK_DIR) if i.name.endswith(".queued")]
     assert target.storage.list(HEARTBEAT_DIR) == []
-
     expected: Rows = {}
     for name, plan in plans.items():
         expected |= expected_rows(plan, results[name]["instant"])
     assert_rows(target, expected)
+    return lock_id
 
 
 def test_a_queued_commit_that_conflicts_is_left_to_its_writer(
@@ -1090,31 +1099,9 @@ def test_a_standing_turn_publishes_the_commits_handed_to_it(
     results["a"] = holder.finish(EXIT_OK)["commits"][0]
 
     # One turn published all three, the holder's first: the waiters' were handed to it over a connection,
-    # with no place in the queue taken, and its notes name them.
-    entries = read_log(log)
-    lock_id = entries[0]["lock_id"]
-    assert [e["instant"] for e in entries[:1]] == [results["a"]["instant"]]
-    assert sorted(e["instant"] for e in entries[1:]) == sorted(results[n]["instant"] for n in ("b", "c"))
-    assert {e["lock_id"] for e in entries} == {lock_id} and {e["pid"] for e in entries} == {holder.pid}
-    assert_commit_order(target, entries, before=[])
-    completed = {i.requested_time: i for i in target.timeline()}
-    for result in results.values():
-        assert completed[result["instant"]].completion_time == result["completion"]
-    own, *grouped = [f"{e['instant']}_{e['completion']}.commit" for e in entries]
-    notes = lock_notes(target)
-    assert len(notes) == 3 and [n for n in notes if n.startswith(f"lock{lock_id}.published+2.{own}")]
-    assert all([n for n in notes if n.startswith(f"lock{lock_id}.grouped.{name}")] for name in grouped)
+    # with no place in the queue taken, and it ended by itself, its holder's heartbeat stopped with it
+    lock_id = published_in_one_turn(target, log, holder, results, plans)
     assert serving(target) == [f"lock{lock_id}.serves"]
-    assert not [i for i in target.storage.list(LOCK_DIR) if i.name.endswith(".queued")]
-    # the turn ended by itself: the lock released, the holder's heartbeat stopped with it
-    lock = current_lock(target.storage)
-    assert lock is not None and lock.lock_id == lock_id and lock.holder is None
-    assert target.storage.list(HEARTBEAT_DIR) == []
-
-    expected: Rows = {}
-    for name, plan in plans.items():
-        expected |= expected_rows(plan, results[name]["instant"])
-    assert_rows(target, expected)
 
 
 def test_a_holder_killed_while_its_turn_stands_loses_no_commit(
