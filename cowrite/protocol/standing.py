@@ -41,7 +41,17 @@ from cowrite.format.timeline import Timeline
 from cowrite.protocol import group
 from cowrite.protocol.heartbeat import Heartbeat
 from cowrite.protocol.locks import TableLock
-from cowrite.protocol.locks.handover import COMMIT, NOTES, PUBLISHED, REFUSED, Answer, Listener, forget, learn
+from cowrite.protocol.locks.handover import (
+    COMMIT,
+    NOTES,
+    PUBLISHED,
+    REFUSED,
+    UNKNOWN,
+    Answer,
+    Listener,
+    forget,
+    learn,
+)
 from cowrite.protocol.locks.lock_files import serves_path
 from cowrite.storage.together import before_finishing, in_background
 
@@ -120,21 +130,21 @@ class _StandingTurn:
         answer(f"{REFUSED}\tthe turn ended")
 
     def _stand(self) -> None:
-        noted = True
+        noted = False  # a turn is noted only once every create it made is known to have acted, or not
         try:
             while (taken := self._next()) is not None:
                 data, answer = taken
                 try:
                     why = self.publish(data)
-                except CowriteError as exc:  # its create failed midway: the turn ends unnoted
-                    noted = False
-                    answer(f"{REFUSED}\t{exc}")
-                    break
+                except Exception as exc:  # its create may have acted: its writer and later holders look
+                    answer(f"{UNKNOWN}\t{exc}")
+                    return
                 if why is None:  # the note naming it first, then all the turn's
                     notes = self.turn.notes
                     answer("\t".join([PUBLISHED, notes[-1], *notes]))
                 else:
                     answer(f"{REFUSED}\t{why}")
+            noted = True
         finally:
             self._end(noted)
 

@@ -1298,3 +1298,21 @@ def test_a_turn_that_cannot_listen_ends_with_its_commit(s3_server: S3Server, wri
     assert serving(target) == [] and len(lock_notes(target)) == 1
     assert_rows(target, expected_rows(plan, commit["instant"]))
     assert_lock_free(target)
+
+
+def test_a_waiter_counts_its_commit_handed_over_unless_the_turn_refused_it(tmp_path: Path) -> None:
+    """What a waiter makes of each answer (:func:`cowrite.protocol.locks.handover.offer`): published, with
+    the note naming its commit; refused, so nobody published it; and unknown (the turn's create failed
+    midway), so it may have been published and the waiter must look, and does not try that turn again."""
+    storage = Storage.for_uri(str(tmp_path / "table"))
+    answers = iter(["P\tnoted\tnoted", "R\tit lapses", "U\tthe create failed midway"])
+    listener = handover.Listener("127.0.0.1", 3, lambda kind, payload, answer: answer(next(answers)))
+    try:
+        handover.learn(storage.uri, 3, listener.address)
+        assert handover.offer(storage, 3, b"request") == (True, "noted")
+        assert handover.offer(storage, 3, b"request") == (False, None)
+        assert handover.standing_turn(storage.uri) == 3
+        assert handover.offer(storage, 3, b"request") == (True, None)
+        assert handover.standing_turn(storage.uri) is None
+    finally:
+        listener.close()

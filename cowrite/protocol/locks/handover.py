@@ -53,7 +53,8 @@ _LARGEST = 1 << 26  # bytes of a message, at most (a commit's completed file)
 
 COMMIT = "commit"  # a message's kinds: a request (:class:`cowrite.protocol.group.Request`) to publish
 NOTES = "notes"  # the notes of the commits of requested times it published, separated by spaces
-PUBLISHED, REFUSED = "P", "R"  # an answer's first field
+# An answer's first field: published, refused (it was not), or unknown (its create may have acted)
+PUBLISHED, REFUSED, UNKNOWN = "P", "R", "U"
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def offer(storage: Storage, lock_id: int, request: bytes) -> tuple[bool, str | N
         _ANSWERED[storage.uri] = (lock_id, time.monotonic())
         remember_notes(storage.uri, notes)
         return True, notes[0]
-    if kind != REFUSED:  # not a standing turn's answer: a port taken by another process since
+    if kind != REFUSED:  # unknown, or not a standing turn's answer (a port another process took since)
         forget(storage.uri, lock_id)
         return True, None
     log.debug("standing turn %d of %s refused a commit: %s", lock_id, storage.uri, "\t".join(notes))
