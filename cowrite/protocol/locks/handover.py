@@ -16,10 +16,11 @@ set): writers on other hosts reach it only where that address routes to it. A lo
 only by writers on the host that the file names. A waiter that cannot connect within
 :data:`CONNECT_WITHIN` goes on through the store and does not try that turn again.
 
-**A waiter that is not answered** (within :data:`ANSWER_WITHIN`, or the connection broke) may have had
-its commit published: it counts as having handed its commit over (:attr:`~.base.TableLock.requested`),
-and learns what became of it from the notes of the turn or from the timeline, as a waiter whose place in
-the queue held its commit does. Nothing here raises: every failure leaves the waiter to the store.
+**A waiter that is not answered** (within :data:`ANSWER_WITHIN`, or the connection broke), or is told
+that the holder's create failed midway, may have had its commit published: it counts as having handed its
+commit over (:attr:`~.base.TableLock.requested`), and learns what became of it from the notes of the turn
+or from the timeline, as a waiter whose place in the queue held its commit does. Nothing here raises:
+every failure leaves the waiter to the store.
 """
 
 from __future__ import annotations
