@@ -111,19 +111,22 @@ def groupable(action: Action, conflict_strategy: ConflictStrategy) -> bool:
 @dataclass
 class Turn:
     """What a writer's turn of the lock published: its holder's commit, then the waiters' in completion
-    order, and the places of the waiters served from the queue."""
+    order, each with its sketch and its note; and the places of the waiters served from the queue."""
 
-    published: list[tuple[Instant, CommitMetadata]]
+    published: list[tuple[Instant, sketch.Sketch]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     served: list[int] = field(default_factory=list)
 
-    @property
-    def notes(self) -> list[str]:
-        return [sketch.note(done.file_name, metadata) for done, metadata in self.published]
+    @classmethod
+    def of(cls, own: tuple[Instant, CommitMetadata]) -> Turn:
+        """The turn of a holder that published ``own``, its completed instant and what it carries."""
+        done, metadata = own
+        drawn = sketch.Sketch.of(metadata)
+        return cls([(done, drawn)], [drawn.note(done.file_name)])
 
     def note(self, lock: TableLock) -> None:
         """Note the turn (:meth:`~.locks.base.TableLock.note_published`), once every commit of it exists."""
-        notes = self.notes
-        lock.note_published(notes[0], notes[1:], self.served)
+        lock.note_published(self.notes[0], self.notes[1:], self.served)
 
 
 def publish_waiting(
@@ -139,7 +142,7 @@ def publish_waiting(
     as it is now, but for that file): publish what the requests ``waiting`` queued behind it allow
     (:func:`publish_one`), and return the turn to note; None when a create failed midway (its commit may
     exist): the turn then ends unnoted, and later holders list the timeline."""
-    turn = Turn([own])
+    turn = Turn.of(own)
     for place, data in waiting:
         try:
             why = publish_one(table, lock, timeline, turn, data, clock, check)
@@ -174,7 +177,8 @@ def publish_one(
     time_ = request.instant.requested_time
     try:
         metadata = CommitMetadata.from_bytes(request.payload, f"the request of {time_}")
-        why = _refusal(table, lock, timeline, request, metadata, turn.published)
+        drawn = sketch.Sketch.of(metadata)
+        why = _refusal(table, lock, timeline, request, (metadata, drawn), turn.published)
         check()
     except CowriteError as exc:
         why = str(exc)
@@ -182,7 +186,8 @@ def publish_one(
         return why or "it lapses"
     completion = Table.completion_time(Timeline([turn.published[-1][0]]), time_, int(clock() * 1000))
     done = request.instant.transition(State.COMPLETED, completion)
-    lock.note_grouped(sketch.note(done.file_name, metadata))  # counts only once the release exists
+    noted = drawn.note(done.file_name)
+    lock.note_grouped(noted)  # counts only once the release exists
     try:
         created = table.storage.create_if_absent(table.instant_path(done), request.payload)
         if not created:
@@ -191,7 +196,8 @@ def publish_one(
         log.warning("publishing %s for its writer failed midway: %s", done, exc)
         raise
     table.published(done, request.payload)
-    turn.published.append((done, metadata))
+    turn.published.append((done, drawn))
+    turn.notes.append(noted)
     reached(Step.GROUPED, time_, completion=completion, lock=lock)
     log.info("published %s on %s for its writer", done, table)
     return None
@@ -202,15 +208,16 @@ def _refusal(
     lock: TableLock,
     timeline: Timeline,
     request: Request,
-    metadata: CommitMetadata,
-    published: list[tuple[Instant, CommitMetadata]],
+    commit: tuple[CommitMetadata, sketch.Sketch],
+    published: list[tuple[Instant, sketch.Sketch]],
 ) -> str | None:
-    """Why the holder leaves the waiter's commit ``metadata`` to the waiter; None when it publishes it."""
+    """Why the holder leaves the waiter's ``commit`` (its metadata, and its sketch) to the waiter; None
+    when it publishes it. ``published``: the commits of the turn so far, with their sketches."""
     time_ = request.instant.requested_time
+    metadata, drawn = commit
     if time.time() >= request.until - SLACK:
         return "it lapses"
-    carried = sketch.Sketch.of(metadata).carried
-    if carried is None or carried != sketch.Sketch.of(published[0][1]).carried:
+    if drawn.carried is None or drawn.carried != published[0][1].carried:
         return "it carries another map of versions or schema than the newest commit"
     between = lock.published_since(request.noted)
     if between is None:
@@ -218,7 +225,7 @@ def _refusal(
     rivals = [(i, sketch.parse(name)[1]) for name in between if (i := noted_instant(name)) is not None]
     if len(rivals) < len(between):
         return "a note names no completed instant"
-    rivals += [(done, sketch.Sketch.of(m)) for done, m in published]
+    rivals += published
     # a commit the waiter's timeline showed completed is one it began after, not a rival: a create shows
     # to every listing once it returns, and those of turns follow one another in completion order
     rivals = [(i, noted) for i, noted in rivals if (i.completion_time or "") > request.seen]

@@ -58,6 +58,10 @@ class Sketch:
     def to_text(self) -> str:
         return "-".join([_bloom_text(self.groups), _bloom_text(self.inserted), self.carried or _UNKNOWN])
 
+    def note(self, completed_file: str) -> str:
+        """What a turn notes for the completed file it published, of a commit this sketch draws."""
+        return f"{completed_file}{MARK}{self.to_text()}"
+
     @classmethod
     def from_text(cls, text: str) -> Sketch | None:
         """The sketch ``text`` names; None for anything else (a damaged or foreign note: read the commit)."""
@@ -74,7 +78,7 @@ class Sketch:
 
 def note(completed_file: str, metadata: CommitMetadata) -> str:
     """What a turn notes for the completed file it published with ``metadata``."""
-    return f"{completed_file}{MARK}{Sketch.of(metadata).to_text()}"
+    return Sketch.of(metadata).note(completed_file)
 
 
 @memo(1 << 10, "a pure parse of a note: a writer looks at the notes of the latest turns at every commit")
